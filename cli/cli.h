@@ -1,0 +1,39 @@
+// The kernelsearch command line: each subcommand lives in its own cmd_*.cc and
+// registers itself here. The one place where Status becomes an exit code and a
+// message on stderr.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+
+namespace ks::cli {
+
+// Exit codes, documented in README.md.
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;   // the command ran; its answer is negative (candidate incorrect, check failed)
+constexpr int kExitUsage = 2;    // bad arguments or bad input files
+constexpr int kExitEnv = 3;      // environment: no GPU, no torch, unreachable server or model
+constexpr int kExitInternal = 4; // a bug or an unexpected failure
+
+// Maps a Status to an exit code and prints "kernelsearch: <message>" on stderr.
+int ReportError(const Status& s);
+
+// A subcommand's body: returns an exit code.
+using Action = std::function<int()>;
+
+// Registers `sub` so that its action runs when it was chosen on the command line.
+void SetAction(CLI::App* sub, Action action);
+
+// Where bundled data lives (prompts/, problems/, evaluator/reference/): the source
+// tree for a build, share/kernelsearch for an installed binary, or KS_DATA_DIR.
+std::string DataDir();
+
+// Registration functions, one per cmd_*.cc.
+void RegisterProblemCommands(CLI::App& app);
+void RegisterCompileCommand(CLI::App& app);
+
+}  // namespace ks::cli

@@ -1,0 +1,93 @@
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "cli/cli.h"
+
+namespace ks::cli {
+namespace {
+std::map<CLI::App*, Action>& Actions() {
+  static std::map<CLI::App*, Action> actions;
+  return actions;
+}
+}  // namespace
+
+void SetAction(CLI::App* sub, Action action) { Actions()[sub] = std::move(action); }
+
+int ReportError(const Status& s) {
+  std::fprintf(stderr, "kernelsearch: %s\n", s.message().c_str());
+  switch (s.code()) {
+    case Code::kOk: return kExitOk;
+    case Code::kInvalidArgument:
+    case Code::kNotFound:
+    case Code::kAlreadyExists:
+    case Code::kResourceExhausted: return kExitUsage;
+    case Code::kFailedPrecondition:
+    case Code::kUnavailable:
+    case Code::kDeadlineExceeded:
+    case Code::kUnauthenticated:
+    case Code::kPermissionDenied:
+    case Code::kCancelled: return kExitEnv;
+    case Code::kInternal: return kExitInternal;
+  }
+  return kExitInternal;
+}
+
+std::string DataDir() {
+  namespace fs = std::filesystem;
+  if (const char* d = getenv("KS_DATA_DIR"); d && *d) return d;
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    fs::path exe(std::string(buf, n));
+    fs::path installed = exe.parent_path().parent_path() / "share" / "kernelsearch";
+    if (fs::exists(installed / "reference")) return installed.string();
+  }
+  return KS_SOURCE_DIR;
+}
+
+}  // namespace ks::cli
+
+int main(int argc, char** argv) {
+  using namespace ks::cli;
+  CLI::App app{"kernelsearch: finds fast CUDA-C kernels for PyTorch operators"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kernelsearch 0.1.0");
+  RegisterProblemCommands(app);
+  RegisterCompileCommand(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+  // The deepest chosen subcommand with an action runs.
+  CLI::App* chosen = &app;
+  for (;;) {
+    auto subs = chosen->get_subcommands();
+    if (subs.empty()) break;
+    chosen = subs.front();
+  }
+  for (CLI::App* a = chosen; a; a = a->get_parent()) {
+    auto it = Actions().find(a);
+    if (it != Actions().end()) {
+      try {
+        return it->second();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kernelsearch: internal error: %s\n", e.what());
+        return kExitInternal;
+      }
+    }
+  }
+  std::fprintf(stderr, "%s", chosen->help().c_str());
+  return kExitUsage;
+}

@@ -1,0 +1,135 @@
+#include "evaluator/evaluation.h"
+
+namespace ks {
+
+namespace {
+constexpr std::pair<EvalStatus, const char*> kNames[] = {
+    {EvalStatus::kCompileError, "compile_error"}, {EvalStatus::kInvalidPlan, "invalid_plan"},
+    {EvalStatus::kLaunchError, "launch_error"},   {EvalStatus::kRuntimeError, "runtime_error"},
+    {EvalStatus::kTimeout, "timeout"},            {EvalStatus::kIncorrect, "incorrect"},
+    {EvalStatus::kCorrect, "correct"},
+};
+using json = nlohmann::json;
+
+template <typename T>
+json Opt(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+}  // namespace
+
+const char* EvalStatusName(EvalStatus s) {
+  for (auto [v, n] : kNames)
+    if (v == s) return n;
+  return "?";
+}
+
+StatusOr<EvalStatus> ParseEvalStatus(const std::string& s) {
+  for (auto [v, n] : kNames)
+    if (s == n) return v;
+  return InvalidArgument("unknown evaluation status '" + s + "'");
+}
+
+json TimingToJson(const TimingStats& t) {
+  return {{"median_ms", t.median_ms}, {"mean_ms", t.mean_ms}, {"min_ms", t.min_ms},
+          {"max_ms", t.max_ms},       {"stddev_ms", t.stddev_ms}, {"runs", t.runs}};
+}
+
+TimingStats TimingFromJson(const json& j) {
+  TimingStats t;
+  t.median_ms = j.value("median_ms", 0.0);
+  t.mean_ms = j.value("mean_ms", 0.0);
+  t.min_ms = j.value("min_ms", 0.0);
+  t.max_ms = j.value("max_ms", 0.0);
+  t.stddev_ms = j.value("stddev_ms", 0.0);
+  t.runs = j.value("runs", 0);
+  return t;
+}
+
+json EvaluationToJson(const Evaluation& e) {
+  json j{{"status", EvalStatusName(e.status)}, {"message", e.message},  {"compile_log", e.compile_log},
+         {"worker_log", e.worker_log},         {"device", e.device},    {"compile_s", e.compile_s},
+         {"eval_s", e.eval_s}};
+  j["resources"] = json::array();
+  for (const auto& r : e.resources)
+    j["resources"].push_back({{"kernel", r.kernel}, {"registers", r.registers},
+                              {"static_shared_bytes", r.static_shared_bytes}, {"stack_frame_bytes", r.stack_frame_bytes},
+                              {"spill_store_bytes", r.spill_store_bytes}, {"spill_load_bytes", r.spill_load_bytes}});
+  j["launches"] = json::array();
+  for (const auto& l : e.launches)
+    j["launches"].push_back({{"kernel", l.kernel},
+                             {"grid", {l.grid[0], l.grid[1], l.grid[2]}},
+                             {"block", {l.block[0], l.block[1], l.block[2]}},
+                             {"shared_bytes", l.shared_bytes}});
+  j["errors"] = json::array();
+  for (const auto& o : e.errors)
+    j["errors"].push_back({{"name", o.name}, {"max_abs", o.max_abs}, {"max_rel", o.max_rel}, {"rel_norm", o.rel_norm},
+                           {"mismatches", o.mismatches}, {"first_mismatch", o.first_mismatch},
+                           {"unwritten", o.unwritten}, {"nan_mismatches", o.nan_mismatches}, {"input_set", o.input_set}});
+  j["timing"] = e.timing ? TimingToJson(*e.timing) : json(nullptr);
+  j["eager"] = e.eager ? TimingToJson(*e.eager) : json(nullptr);
+  j["compiled"] = e.compiled ? TimingToJson(*e.compiled) : json(nullptr);
+  j["speedup_eager"] = Opt(e.speedup_eager);
+  j["speedup_compile"] = Opt(e.speedup_compile);
+  if (e.roofline) {
+    const auto& r = *e.roofline;
+    j["roofline"] = {{"bytes", r.bytes}, {"flops", r.flops}, {"achieved_gbps", r.achieved_gbps},
+                     {"achieved_tflops", r.achieved_tflops}, {"floor_ms", r.floor_ms},
+                     {"fraction_of_floor", r.fraction_of_floor}};
+  } else {
+    j["roofline"] = nullptr;
+  }
+  return j;
+}
+
+StatusOr<Evaluation> EvaluationFromJson(const json& j) {
+  if (!j.is_object() || !j.contains("status")) return InvalidArgument("evaluation JSON needs 'status'");
+  Evaluation e;
+  KS_ASSIGN_OR_RETURN(e.status, ParseEvalStatus(j["status"].get<std::string>()));
+  e.message = j.value("message", "");
+  e.compile_log = j.value("compile_log", "");
+  e.worker_log = j.value("worker_log", "");
+  e.device = j.value("device", "");
+  e.compile_s = j.value("compile_s", 0.0);
+  e.eval_s = j.value("eval_s", 0.0);
+  for (const auto& r : j.value("resources", json::array()))
+    e.resources.push_back({r.value("kernel", ""), r.value("registers", 0), r.value("static_shared_bytes", 0),
+                           r.value("stack_frame_bytes", 0), r.value("spill_store_bytes", 0),
+                           r.value("spill_load_bytes", 0)});
+  for (const auto& l : j.value("launches", json::array())) {
+    ResolvedLaunch rl;
+    rl.kernel = l.value("kernel", "");
+    for (int i = 0; i < 3; ++i) {
+      rl.grid[i] = l["grid"][i].get<int64_t>();
+      rl.block[i] = l["block"][i].get<int64_t>();
+    }
+    rl.shared_bytes = l.value("shared_bytes", int64_t{0});
+    e.launches.push_back(rl);
+  }
+  for (const auto& o : j.value("errors", json::array())) {
+    OutputError oe;
+    oe.name = o.value("name", "");
+    oe.max_abs = o.value("max_abs", 0.0);
+    oe.max_rel = o.value("max_rel", 0.0);
+    oe.rel_norm = o.value("rel_norm", 0.0);
+    oe.mismatches = o.value("mismatches", int64_t{0});
+    oe.first_mismatch = o.value("first_mismatch", int64_t{-1});
+    oe.unwritten = o.value("unwritten", int64_t{0});
+    oe.nan_mismatches = o.value("nan_mismatches", int64_t{0});
+    oe.input_set = o.value("input_set", 0);
+    e.errors.push_back(oe);
+  }
+  if (j.contains("timing") && j["timing"].is_object()) e.timing = TimingFromJson(j["timing"]);
+  if (j.contains("eager") && j["eager"].is_object()) e.eager = TimingFromJson(j["eager"]);
+  if (j.contains("compiled") && j["compiled"].is_object()) e.compiled = TimingFromJson(j["compiled"]);
+  if (j.contains("speedup_eager") && j["speedup_eager"].is_number()) e.speedup_eager = j["speedup_eager"].get<double>();
+  if (j.contains("speedup_compile") && j["speedup_compile"].is_number())
+    e.speedup_compile = j["speedup_compile"].get<double>();
+  if (j.contains("roofline") && j["roofline"].is_object()) {
+    const auto& r = j["roofline"];
+    e.roofline = Roofline{r.value("bytes", 0.0), r.value("flops", 0.0), r.value("achieved_gbps", 0.0),
+                          r.value("achieved_tflops", 0.0), r.value("floor_ms", 0.0), r.value("fraction_of_floor", 0.0)};
+  }
+  return e;
+}
+
+}  // namespace ks

@@ -1,0 +1,108 @@
+// The evaluation of one candidate (DESIGN.md, contract 3). A kernel that fails is
+// not an error: it is an Evaluation with a status other than kCorrect.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace ks {
+
+enum class EvalStatus {
+  kCompileError,
+  kInvalidPlan,
+  kLaunchError,
+  kRuntimeError,
+  kTimeout,
+  kIncorrect,
+  kCorrect,
+};
+
+const char* EvalStatusName(EvalStatus s);  // "compile_error", ...
+StatusOr<EvalStatus> ParseEvalStatus(const std::string& s);
+
+// What a candidate is: CUDA-C device source and a launch plan (JSON text).
+struct Candidate {
+  std::string source;
+  std::string plan_json;
+};
+
+struct KernelResources {
+  std::string kernel;
+  int registers = 0;
+  int static_shared_bytes = 0;
+  int stack_frame_bytes = 0;
+  int spill_store_bytes = 0;
+  int spill_load_bytes = 0;
+};
+
+// Error figures of one output, worst over all input sets and runs.
+struct OutputError {
+  std::string name;
+  double max_abs = 0;
+  double max_rel = 0;
+  double rel_norm = 0;            // ||out - ref|| / ||ref||
+  int64_t mismatches = 0;         // elements outside tolerance (NaN and unwritten included)
+  int64_t first_mismatch = -1;    // flat index, -1 when none
+  int64_t unwritten = 0;          // elements still holding the poison pattern
+  int64_t nan_mismatches = 0;     // NaN/Inf where the reference has a finite value
+  int input_set = 0;              // the input set these figures come from
+};
+
+struct TimingStats {
+  double median_ms = 0;
+  double mean_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  double stddev_ms = 0;
+  int runs = 0;
+};
+
+struct Roofline {
+  double bytes = 0;              // bytes that must move
+  double flops = 0;              // from the problem's FLOPS, 0 when absent
+  double achieved_gbps = 0;
+  double achieved_tflops = 0;
+  double floor_ms = 0;           // max(bytes / peak bandwidth, flops / peak rate)
+  double fraction_of_floor = 0;  // floor_ms / median_ms (1.0 = at the floor)
+};
+
+struct ResolvedLaunch {
+  std::string kernel;
+  int64_t grid[3] = {1, 1, 1};
+  int64_t block[3] = {1, 1, 1};
+  int64_t shared_bytes = 0;
+};
+
+struct Evaluation {
+  EvalStatus status = EvalStatus::kCompileError;
+  std::string message;        // one line saying why (empty when correct)
+  std::string compile_log;
+  std::string worker_log;     // device printf and worker messages, capped
+  std::vector<KernelResources> resources;
+  std::vector<ResolvedLaunch> launches;
+  std::vector<OutputError> errors;
+  std::optional<TimingStats> timing;
+  std::optional<TimingStats> eager;     // reference, same method
+  std::optional<TimingStats> compiled;  // torch.compile, same method
+  std::optional<double> speedup_eager;
+  std::optional<double> speedup_compile;
+  std::optional<Roofline> roofline;
+  std::string device;
+  double compile_s = 0;
+  double eval_s = 0;
+
+  bool correct() const { return status == EvalStatus::kCorrect; }
+};
+
+nlohmann::json EvaluationToJson(const Evaluation& e);
+StatusOr<Evaluation> EvaluationFromJson(const nlohmann::json& j);
+nlohmann::json TimingToJson(const TimingStats& t);
+TimingStats TimingFromJson(const nlohmann::json& j);
+
+}  // namespace ks

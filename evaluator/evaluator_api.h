@@ -1,0 +1,25 @@
+// The interface the search uses to evaluate candidates, so that the search can be
+// tested with a fake. The real implementation is GpuEvaluator (gpu_evaluator.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "evaluator/evaluation.h"
+#include "evaluator/signature.h"
+
+namespace ks {
+
+class CandidateEvaluator {
+ public:
+  virtual ~CandidateEvaluator() = default;
+  // Evaluates a batch; returns one Evaluation per candidate, in order. Compiles
+  // may run in parallel; GPU work is serialized per GPU. A failing candidate is
+  // an Evaluation, never a Status; a Status is for the evaluator itself failing
+  // (no GPU, the reference could not be computed).
+  virtual StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) = 0;
+  // The reference timing and device facts, for prompts and reports.
+  virtual std::string DeviceName() const = 0;
+};
+
+}  // namespace ks

@@ -1,0 +1,147 @@
+#include "evaluator/signature.h"
+
+namespace ks {
+
+StatusOr<DType> ParseDType(const std::string& s) {
+  if (s == "float32" || s == "float") return DType::kFloat32;
+  if (s == "float16" || s == "half") return DType::kFloat16;
+  if (s == "bfloat16") return DType::kBFloat16;
+  if (s == "float64" || s == "double") return DType::kFloat64;
+  if (s == "int32" || s == "int") return DType::kInt32;
+  if (s == "int64" || s == "long") return DType::kInt64;
+  if (s == "int8") return DType::kInt8;
+  if (s == "uint8") return DType::kUInt8;
+  if (s == "bool") return DType::kBool;
+  return InvalidArgument("unsupported dtype '" + s + "'");
+}
+
+const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat64: return "float64";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kInt8: return "int8";
+    case DType::kUInt8: return "uint8";
+    case DType::kBool: return "bool";
+  }
+  return "?";
+}
+
+size_t DTypeSize(DType d) {
+  switch (d) {
+    case DType::kFloat32: case DType::kInt32: return 4;
+    case DType::kFloat16: case DType::kBFloat16: return 2;
+    case DType::kFloat64: case DType::kInt64: return 8;
+    case DType::kInt8: case DType::kUInt8: case DType::kBool: return 1;
+  }
+  return 0;
+}
+
+bool IsFloating(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat64;
+}
+
+int64_t TensorSpec::numel() const {
+  if (is_scalar) return 1;
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+const TensorSpec* Signature::Find(const std::string& n) const {
+  for (const auto* list : {&inputs, &parameters, &outputs})
+    for (const auto& t : *list)
+      if (t.name == n) return &t;
+  return nullptr;
+}
+
+int64_t Signature::MinimumBytes() const {
+  int64_t b = 0;
+  for (const auto* list : {&inputs, &parameters, &outputs})
+    for (const auto& t : *list)
+      if (!t.is_scalar) b += t.bytes();
+  return b;
+}
+
+Tolerance Signature::ToleranceFor(DType d) const {
+  if (tolerance) return *tolerance;
+  switch (d) {
+    case DType::kFloat16: return {1e-2, 1e-2};
+    case DType::kBFloat16: return {2e-2, 2e-2};
+    case DType::kFloat64: return {1e-8, 1e-6};
+    case DType::kFloat32: return {1e-4, 1e-4};
+    default: return {0, 0};  // integers and bool compare exactly
+  }
+}
+
+namespace {
+
+StatusOr<TensorSpec> SpecFromJson(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("name") || !j.contains("dtype"))
+    return InvalidArgument("signature entry needs 'name' and 'dtype': " + j.dump());
+  TensorSpec t;
+  t.name = j["name"].get<std::string>();
+  KS_ASSIGN_OR_RETURN(t.dtype, ParseDType(j["dtype"].get<std::string>()));
+  t.is_scalar = j.value("kind", "tensor") == "scalar";
+  if (t.is_scalar) {
+    t.scalar_value = j.value("value", 0.0);
+  } else {
+    t.shape = j.value("shape", std::vector<int64_t>{});
+    t.strides = j.value("strides", std::vector<int64_t>{});
+    if (t.strides.empty()) {
+      t.strides.resize(t.shape.size());
+      int64_t s = 1;
+      for (size_t i = t.shape.size(); i-- > 0;) { t.strides[i] = s; s *= t.shape[i]; }
+    }
+  }
+  return t;
+}
+
+nlohmann::json SpecToJson(const TensorSpec& t) {
+  nlohmann::json j{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"kind", t.is_scalar ? "scalar" : "tensor"}};
+  if (t.is_scalar) {
+    j["value"] = t.scalar_value;
+  } else {
+    j["shape"] = t.shape;
+    j["strides"] = t.strides;
+  }
+  return j;
+}
+
+}  // namespace
+
+StatusOr<Signature> SignatureFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return InvalidArgument("signature is not a JSON object");
+  Signature s;
+  s.file = j.value("file", "");
+  s.name = j.value("name", "");
+  s.description = j.value("description", "");
+  if (j.contains("tolerance") && j["tolerance"].is_object())
+    s.tolerance = Tolerance{j["tolerance"].value("atol", 0.0), j["tolerance"].value("rtol", 0.0)};
+  if (j.contains("flops") && j["flops"].is_number()) s.flops = j["flops"].get<double>();
+  for (auto [key, dst] : {std::pair{"inputs", &s.inputs}, {"parameters", &s.parameters}, {"outputs", &s.outputs}}) {
+    if (!j.contains(key)) continue;
+    for (const auto& e : j[key]) {
+      KS_ASSIGN_OR_RETURN(TensorSpec t, SpecFromJson(e));
+      dst->push_back(std::move(t));
+    }
+  }
+  if (s.outputs.empty()) return InvalidArgument("signature has no outputs");
+  return s;
+}
+
+nlohmann::json SignatureToJson(const Signature& s) {
+  nlohmann::json j{{"file", s.file}, {"name", s.name}, {"description", s.description}};
+  j["tolerance"] = s.tolerance ? nlohmann::json{{"atol", s.tolerance->atol}, {"rtol", s.tolerance->rtol}} : nlohmann::json(nullptr);
+  j["flops"] = s.flops ? nlohmann::json(*s.flops) : nlohmann::json(nullptr);
+  for (auto [key, src] : {std::pair{"inputs", &s.inputs}, {"parameters", &s.parameters}, {"outputs", &s.outputs}}) {
+    j[key] = nlohmann::json::array();
+    for (const auto& t : *src) j[key].push_back(SpecToJson(t));
+  }
+  return j;
+}
+
+}  // namespace ks
