@@ -1,0 +1,39 @@
+import torch
+
+DESCRIPTION = ("AlexNet's first block in fp32: Conv2d 3->96 channels (kernel 11, stride 4, padding 2, "
+               "bias) on 100x3x224x224, then ReLU, then MaxPool2d(kernel 3, stride 2).")
+
+BATCH = 100
+IN_CH = 3
+OUT_CH = 96
+H = W = 224
+KSIZE = 11
+STRIDE = 4
+PAD = 2
+POOL_K = 3
+POOL_S = 2
+OH = (H + 2 * PAD - KSIZE) // STRIDE + 1  # 55
+OW = (W + 2 * PAD - KSIZE) // STRIDE + 1  # 55
+
+FLOPS = 2 * BATCH * OUT_CH * OH * OW * IN_CH * KSIZE * KSIZE
+# 363-term sums; cuDNN may compute the fp32 reference with TF32 (allow_tf32 is on by default).
+TOLERANCE = {"atol": 1e-3, "rtol": 1e-3}
+
+
+class Model(torch.nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, pool_kernel, pool_stride):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(in_channels, out_channels, kernel_size,
+                                    stride=stride, padding=padding, bias=True)
+        self.pool = torch.nn.MaxPool2d(kernel_size=pool_kernel, stride=pool_stride)
+
+    def forward(self, x):
+        return self.pool(torch.relu(self.conv(x)))
+
+
+def get_inputs():
+    return [torch.randn(BATCH, IN_CH, H, W)]
+
+
+def get_init_inputs():
+    return [IN_CH, OUT_CH, KSIZE, STRIDE, PAD, POOL_K, POOL_S]
