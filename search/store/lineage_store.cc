@@ -1,0 +1,931 @@
+#include "search/store/lineage_store.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "search/store/candidate_hash.h"
+
+namespace ks::store {
+namespace {
+
+// Ordered migrations: entry i takes a file from version i to version i + 1. Never
+// edit a step that has shipped; append a new one.
+const std::vector<std::string>& Migrations() {
+  static const std::vector<std::string> kSteps = {
+      // 1: the tables of DESIGN.md.
+      R"sql(
+CREATE TABLE problems (
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL,
+  file_path TEXT NOT NULL,
+  source TEXT NOT NULL,
+  signature_json TEXT NOT NULL DEFAULT '{}',
+  sha256 TEXT NOT NULL UNIQUE,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE TABLE searches (
+  id INTEGER PRIMARY KEY,
+  problem_id INTEGER NOT NULL REFERENCES problems(id),
+  config_json TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'finished', 'cancelled', 'failed')),
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  updated TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  best_candidate INTEGER
+);
+CREATE TABLE ideas (
+  id INTEGER PRIMARY KEY,
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  round INTEGER NOT NULL,
+  parent_candidate INTEGER,
+  text TEXT NOT NULL,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE TABLE candidates (
+  id INTEGER PRIMARY KEY,
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  round INTEGER NOT NULL,
+  idea_id INTEGER REFERENCES ideas(id),
+  parent_candidate INTEGER REFERENCES candidates(id),
+  source TEXT NOT NULL,
+  plan_json TEXT NOT NULL,
+  content_hash TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('pending', 'evaluated')),
+  raw_response TEXT NOT NULL DEFAULT '',
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE TABLE evaluations (
+  candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id),
+  status TEXT NOT NULL,
+  evaluation_json TEXT NOT NULL,
+  median_ms REAL,
+  speedup_eager REAL,
+  speedup_compile REAL,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE TABLE llm_calls (
+  id INTEGER PRIMARY KEY,
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  role TEXT NOT NULL,
+  backend TEXT NOT NULL,
+  model TEXT NOT NULL,
+  prompt TEXT NOT NULL,
+  response TEXT NOT NULL,
+  tokens_in INTEGER NOT NULL DEFAULT 0,
+  tokens_out INTEGER NOT NULL DEFAULT 0,
+  latency_s REAL NOT NULL DEFAULT 0,
+  cost_usd REAL NOT NULL DEFAULT 0,
+  error TEXT NOT NULL DEFAULT '',
+  finish_reason TEXT NOT NULL DEFAULT '',
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX candidates_by_search ON candidates(search_id, round);
+CREATE INDEX candidates_by_hash ON candidates(content_hash);
+CREATE INDEX llm_calls_by_search ON llm_calls(search_id);
+)sql",
+      // 2: what resume and repair need: slot keys that make every step
+      // idempotent, prompt hashes to match finished calls, per-round beams,
+      // candidate kinds and repair bookkeeping, reuse links, stop reasons.
+      R"sql(
+ALTER TABLE searches ADD COLUMN stop_reason TEXT NOT NULL DEFAULT '';
+ALTER TABLE ideas ADD COLUMN slot_key TEXT;
+ALTER TABLE candidates ADD COLUMN kind TEXT NOT NULL DEFAULT 'primary';
+ALTER TABLE candidates ADD COLUMN branch INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN repair_depth INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN repair_attempted INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN slot_key TEXT;
+ALTER TABLE evaluations ADD COLUMN reused_from INTEGER;
+ALTER TABLE llm_calls ADD COLUMN system TEXT NOT NULL DEFAULT '';
+ALTER TABLE llm_calls ADD COLUMN slot_key TEXT NOT NULL DEFAULT '';
+ALTER TABLE llm_calls ADD COLUMN prompt_sha256 TEXT NOT NULL DEFAULT '';
+CREATE TABLE rounds (
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  round INTEGER NOT NULL,
+  beam_json TEXT NOT NULL DEFAULT '[]',
+  generated INTEGER NOT NULL DEFAULT 0,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  PRIMARY KEY (search_id, round)
+);
+CREATE UNIQUE INDEX ideas_by_slot ON ideas(search_id, slot_key);
+CREATE UNIQUE INDEX candidates_by_slot ON candidates(search_id, slot_key);
+CREATE INDEX candidates_pending ON candidates(state) WHERE state = 'pending';
+CREATE INDEX llm_calls_by_slot ON llm_calls(search_id, slot_key, prompt_sha256);
+)sql",
+  };
+  return kSteps;
+}
+
+constexpr const char* kNow = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+// A prepared statement with typed binding and column access. Columns and
+// parameters are 1-based for binding (as SQLite), 0-based for reading.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, SqliteStmtPtr stmt) : db_(db), stmt_(std::move(stmt)) {}
+
+  Stmt& Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_.get(), i, v)); }
+  Stmt& Bind(int i, int v) { return Bind(i, static_cast<int64_t>(v)); }
+  Stmt& Bind(int i, double v) { return Check(sqlite3_bind_double(stmt_.get(), i, v)); }
+  Stmt& Bind(int i, const std::string& v) {
+    return Check(sqlite3_bind_text(stmt_.get(), i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+  }
+  Stmt& Bind(int i, const char* v) { return Bind(i, std::string(v)); }
+  Stmt& BindNull(int i) { return Check(sqlite3_bind_null(stmt_.get(), i)); }
+  template <typename T>
+  Stmt& Bind(int i, const std::optional<T>& v) {
+    return v ? Bind(i, *v) : BindNull(i);
+  }
+
+  // true: a row is ready; false: done.
+  StatusOr<bool> Step() {
+    if (!bind_status_.ok()) return bind_status_;
+    int rc = sqlite3_step(stmt_.get());
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return SqliteError(db_, rc, std::string("running `") + Abbrev() + "`");
+  }
+  Status Run() {
+    for (;;) {
+      KS_ASSIGN_OR_RETURN(bool row, Step());
+      if (!row) return Status::Ok();
+    }
+  }
+
+  int64_t Int(int c) const { return sqlite3_column_int64(stmt_.get(), c); }
+  double Real(int c) const { return sqlite3_column_double(stmt_.get(), c); }
+  bool IsNull(int c) const { return sqlite3_column_type(stmt_.get(), c) == SQLITE_NULL; }
+  std::string Text(int c) const {
+    const unsigned char* p = sqlite3_column_text(stmt_.get(), c);
+    int n = sqlite3_column_bytes(stmt_.get(), c);
+    return p ? std::string(reinterpret_cast<const char*>(p), n) : std::string();
+  }
+  std::optional<int64_t> OptInt(int c) const { return IsNull(c) ? std::nullopt : std::optional<int64_t>(Int(c)); }
+  std::optional<double> OptReal(int c) const { return IsNull(c) ? std::nullopt : std::optional<double>(Real(c)); }
+
+ private:
+  Stmt& Check(int rc) {
+    if (rc != SQLITE_OK && bind_status_.ok()) bind_status_ = SqliteError(db_, rc, "binding a parameter");
+    return *this;
+  }
+  std::string Abbrev() const {
+    std::string sql = sqlite3_sql(stmt_.get());
+    return sql.size() > 60 ? sql.substr(0, 60) + "..." : sql;
+  }
+  sqlite3* db_;
+  SqliteStmtPtr stmt_;
+  Status bind_status_;
+};
+
+// BEGIN IMMEDIATE on construction (takes the write lock up front so that two
+// writers never deadlock upgrading), ROLLBACK unless Commit() was called.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {}
+  Status Begin() {
+    int rc = sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) return SqliteError(db_, rc, "beginning a transaction");
+    open_ = true;
+    return Status::Ok();
+  }
+  Status Commit() {
+    int rc = sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) return SqliteError(db_, rc, "committing");
+    open_ = false;
+    return Status::Ok();
+  }
+  ~Transaction() {
+    if (open_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+
+ private:
+  sqlite3* db_;
+  bool open_ = false;
+};
+
+constexpr const char* kCandidateColumns =
+    "c.id, c.search_id, c.round, c.idea_id, c.parent_candidate, c.source, c.plan_json, c.content_hash, "
+    "c.state, c.raw_response, c.kind, c.branch, c.repair_depth, c.repair_attempted, c.slot_key, c.created, "
+    "e.candidate_id, e.status, e.evaluation_json, e.median_ms, e.speedup_eager, e.speedup_compile, "
+    "e.reused_from, e.created";
+
+StatusOr<CandidateKind> ParseKind(const std::string& s) {
+  if (s == "seed") return CandidateKind::kSeed;
+  if (s == "primary") return CandidateKind::kPrimary;
+  if (s == "repair") return CandidateKind::kRepair;
+  return Internal("unknown candidate kind in the store: " + s);
+}
+
+StatusOr<CandidateRow> ReadCandidate(const Stmt& s) {
+  CandidateRow c;
+  c.id = s.Int(0);
+  c.search_id = s.Int(1);
+  c.round = static_cast<int>(s.Int(2));
+  c.idea_id = s.OptInt(3);
+  c.parent_candidate = s.OptInt(4);
+  c.source = s.Text(5);
+  c.plan_json = s.Text(6);
+  c.content_hash = s.Text(7);
+  c.evaluated = s.Text(8) == "evaluated";
+  c.raw_response = s.Text(9);
+  KS_ASSIGN_OR_RETURN(c.kind, ParseKind(s.Text(10)));
+  c.branch = static_cast<int>(s.Int(11));
+  c.repair_depth = static_cast<int>(s.Int(12));
+  c.repair_attempted = s.Int(13) != 0;
+  c.slot_key = s.Text(14);
+  c.created = s.Text(15);
+  if (!s.IsNull(16)) {
+    EvaluationRow e;
+    e.candidate_id = s.Int(16);
+    auto st = ParseEvalStatus(s.Text(17));
+    if (!st.ok()) return st.status().WithContext("evaluation of candidate " + std::to_string(c.id));
+    e.status = *st;
+    e.evaluation_json = s.Text(18);
+    e.median_ms = s.OptReal(19);
+    e.speedup_eager = s.OptReal(20);
+    e.speedup_compile = s.OptReal(21);
+    e.reused_from = s.OptInt(22);
+    e.created = s.Text(23);
+    c.evaluation = std::move(e);
+  }
+  return c;
+}
+
+StatusOr<std::vector<CandidateRow>> ReadCandidates(Stmt& s) {
+  std::vector<CandidateRow> out;
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(s));
+    out.push_back(std::move(c));
+  }
+}
+
+StatusOr<SearchRow> ReadSearch(const Stmt& s) {
+  SearchRow r;
+  r.id = s.Int(0);
+  r.problem_id = s.Int(1);
+  r.config_json = s.Text(2);
+  KS_ASSIGN_OR_RETURN(r.status, ParseSearchStatus(s.Text(3)));
+  r.stop_reason = s.Text(4);
+  r.created = s.Text(5);
+  r.updated = s.Text(6);
+  r.best_candidate = s.OptInt(7);
+  return r;
+}
+constexpr const char* kSearchColumns =
+    "id, problem_id, config_json, status, stop_reason, created, updated, best_candidate";
+
+IdeaRow ReadIdea(const Stmt& s) {
+  IdeaRow i;
+  i.id = s.Int(0);
+  i.search_id = s.Int(1);
+  i.round = static_cast<int>(s.Int(2));
+  i.parent_candidate = s.OptInt(3);
+  i.text = s.Text(4);
+  i.slot_key = s.Text(5);
+  i.created = s.Text(6);
+  return i;
+}
+constexpr const char* kIdeaColumns = "id, search_id, round, parent_candidate, text, slot_key, created";
+
+ProblemRow ReadProblem(const Stmt& s) {
+  ProblemRow p;
+  p.id = s.Int(0);
+  p.name = s.Text(1);
+  p.file_path = s.Text(2);
+  p.source = s.Text(3);
+  p.signature_json = s.Text(4);
+  p.sha256 = s.Text(5);
+  p.created = s.Text(6);
+  return p;
+}
+constexpr const char* kProblemColumns = "id, name, file_path, source, signature_json, sha256, created";
+
+LlmCallRow ReadLlmCall(const Stmt& s) {
+  LlmCallRow r;
+  r.id = s.Int(0);
+  r.search_id = s.Int(1);
+  r.slot_key = s.Text(2);
+  r.prompt_sha256 = s.Text(3);
+  r.record.role = s.Text(4);
+  r.record.backend = s.Text(5);
+  r.record.model = s.Text(6);
+  r.record.system = s.Text(7);
+  r.record.prompt = s.Text(8);
+  r.record.response = s.Text(9);
+  r.record.tokens_in = s.Int(10);
+  r.record.tokens_out = s.Int(11);
+  r.record.latency_s = s.Real(12);
+  r.record.cost_usd = s.Real(13);
+  r.record.error = s.Text(14);
+  r.record.finish_reason = s.Text(15);
+  r.record.attempts = static_cast<int>(s.Int(16));
+  r.created = s.Text(17);
+  return r;
+}
+constexpr const char* kLlmCallColumns =
+    "id, search_id, slot_key, prompt_sha256, role, backend, model, system, prompt, response, tokens_in, "
+    "tokens_out, latency_s, cost_usd, error, finish_reason, attempts, created";
+
+}  // namespace
+
+int LatestSchemaVersion() { return static_cast<int>(Migrations().size()); }
+
+std::string DefaultDbPath() {
+  if (const char* p = std::getenv("KS_DB"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) return std::string(x) + "/kernelsearch/lineage.db";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.local/share/kernelsearch/lineage.db";
+}
+
+const char* SearchStatusName(SearchStatus s) {
+  switch (s) {
+    case SearchStatus::kPending: return "pending";
+    case SearchStatus::kRunning: return "running";
+    case SearchStatus::kFinished: return "finished";
+    case SearchStatus::kCancelled: return "cancelled";
+    case SearchStatus::kFailed: return "failed";
+  }
+  return "?";
+}
+
+StatusOr<SearchStatus> ParseSearchStatus(const std::string& s) {
+  for (auto st : {SearchStatus::kPending, SearchStatus::kRunning, SearchStatus::kFinished, SearchStatus::kCancelled,
+                  SearchStatus::kFailed})
+    if (s == SearchStatusName(st)) return st;
+  return InvalidArgument("unknown search status: " + s);
+}
+
+const char* CandidateKindName(CandidateKind k) {
+  switch (k) {
+    case CandidateKind::kSeed: return "seed";
+    case CandidateKind::kPrimary: return "primary";
+    case CandidateKind::kRepair: return "repair";
+  }
+  return "?";
+}
+
+std::string PromptHash(const std::string& role, const std::string& system, const std::string& prompt) {
+  std::string key = role;
+  key.push_back('\0');
+  key += system;
+  key.push_back('\0');
+  key += prompt;
+  return Sha256Hex(key);
+}
+
+StatusOr<std::unique_ptr<LineageStore>> LineageStore::Open(const std::string& path, const Options& options) {
+  if (path.empty()) return InvalidArgument("lineage store: empty path");
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return FailedPrecondition("creating " + parent.string() + ": " + ec.message());
+  }
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &raw,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  SqliteDbPtr db(raw);  // owns the handle even when open failed
+  if (rc != SQLITE_OK) return SqliteError(db.get(), rc, "opening lineage store " + path);
+  sqlite3_busy_timeout(db.get(), options.busy_timeout_ms);
+  std::unique_ptr<LineageStore> store(new LineageStore(path, std::move(db)));
+  // WAL: readers (history, show) never block the running search, and a commit
+  // is one append. synchronous=NORMAL in WAL survives a killed process; only a
+  // power loss may drop the last commits.
+  KS_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL").WithContext(path));
+  KS_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=NORMAL").WithContext(path));
+  KS_RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON").WithContext(path));
+  int max_version = options.max_schema_version > 0 ? options.max_schema_version : LatestSchemaVersion();
+  KS_RETURN_IF_ERROR(store->Migrate(max_version).WithContext(path));
+  return store;
+}
+
+StatusOr<SqliteStmtPtr> LineageStore::Prepare(const std::string& sql) {
+  sqlite3_stmt* raw = nullptr;
+  int rc = sqlite3_prepare_v2(db_.get(), sql.c_str(), static_cast<int>(sql.size()), &raw, nullptr);
+  SqliteStmtPtr stmt(raw);
+  if (rc != SQLITE_OK) return SqliteError(db_.get(), rc, "preparing `" + sql.substr(0, 60) + "`");
+  return stmt;
+}
+
+Status LineageStore::Exec(const std::string& sql) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_.get(), sql.c_str(), nullptr, nullptr, &err);
+  std::unique_ptr<char, decltype(&sqlite3_free)> owned(err, &sqlite3_free);
+  if (rc != SQLITE_OK) return SqliteError(db_.get(), rc, "running `" + sql.substr(0, 60) + "`");
+  return Status::Ok();
+}
+
+#define KS_STMT(var, sql)                     \
+  KS_ASSIGN_OR_RETURN(auto var##_ptr, Prepare(sql)); \
+  Stmt var(db_.get(), std::move(var##_ptr))
+
+Status LineageStore::Migrate(int max_version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The version check and each step run inside one write transaction, so two
+  // processes opening a fresh file at once migrate it exactly once.
+  for (;;) {
+    Transaction txn(db_.get());
+    KS_RETURN_IF_ERROR(txn.Begin());
+    int version = 0;
+    {
+      KS_STMT(q, "PRAGMA user_version");
+      KS_ASSIGN_OR_RETURN(bool row, q.Step());
+      if (row) version = static_cast<int>(q.Int(0));
+    }
+    if (version > LatestSchemaVersion())
+      return FailedPrecondition("schema version " + std::to_string(version) + " is newer than this build's (" +
+                                std::to_string(LatestSchemaVersion()) + "); upgrade kernelsearch");
+    if (version >= max_version) return txn.Commit();
+    KS_RETURN_IF_ERROR(Exec(Migrations()[version]).WithContext("migrating to schema version " +
+                                                                 std::to_string(version + 1)));
+    KS_RETURN_IF_ERROR(Exec("PRAGMA user_version = " + std::to_string(version + 1)));
+    KS_RETURN_IF_ERROR(txn.Commit());
+  }
+}
+
+StatusOr<int> LineageStore::SchemaVersion() {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "PRAGMA user_version");
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? static_cast<int>(q.Int(0)) : 0;
+}
+
+// ---- problems ----
+
+StatusOr<int64_t> LineageStore::PutProblem(const ProblemRow& problem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string sha = problem.sha256.empty() ? Sha256Hex(problem.source) : problem.sha256;
+  std::string sig = problem.signature_json.empty() ? "{}" : problem.signature_json;
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  {
+    KS_STMT(ins, "INSERT INTO problems (name, file_path, source, signature_json, sha256) VALUES (?, ?, ?, ?, ?) "
+                 "ON CONFLICT(sha256) DO UPDATE SET signature_json = excluded.signature_json "
+                 "WHERE problems.signature_json = '{}' AND excluded.signature_json != '{}'");
+    ins.Bind(1, problem.name).Bind(2, problem.file_path).Bind(3, problem.source).Bind(4, sig).Bind(5, sha);
+    KS_RETURN_IF_ERROR(ins.Run());
+  }
+  KS_STMT(q, "SELECT id FROM problems WHERE sha256 = ?");
+  q.Bind(1, sha);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return Internal("problem row vanished after insert");
+  int64_t id = q.Int(0);
+  KS_RETURN_IF_ERROR(txn.Commit());
+  return id;
+}
+
+StatusOr<ProblemRow> LineageStore::GetProblem(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kProblemColumns + " FROM problems WHERE id = ?");
+  q.Bind(1, id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return NotFound("no problem with id " + std::to_string(id));
+  return ReadProblem(q);
+}
+
+StatusOr<std::vector<ProblemRow>> LineageStore::FindProblems(const std::string& name_or_path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kProblemColumns +
+                 " FROM problems WHERE name = ?1 OR file_path = ?1 ORDER BY id DESC");
+  q.Bind(1, name_or_path);
+  std::vector<ProblemRow> out;
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return out;
+    out.push_back(ReadProblem(q));
+  }
+}
+
+// ---- searches ----
+
+StatusOr<int64_t> LineageStore::CreateSearch(int64_t problem_id, const std::string& config_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(ins, "INSERT INTO searches (problem_id, config_json, status) VALUES (?, ?, 'pending')");
+  ins.Bind(1, problem_id).Bind(2, config_json);
+  KS_RETURN_IF_ERROR(ins.Run());
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_.get()));
+}
+
+StatusOr<SearchRow> LineageStore::GetSearch(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kSearchColumns + " FROM searches WHERE id = ?");
+  q.Bind(1, id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return NotFound("no search with id " + std::to_string(id));
+  return ReadSearch(q);
+}
+
+Status LineageStore::SetSearchStatus(int64_t id, SearchStatus status, const std::string& stop_reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, std::string("UPDATE searches SET status = ?, stop_reason = ?, updated = ") + kNow + " WHERE id = ?");
+  u.Bind(1, SearchStatusName(status)).Bind(2, stop_reason).Bind(3, id);
+  KS_RETURN_IF_ERROR(u.Run());
+  if (sqlite3_changes(db_.get()) == 0) return NotFound("no search with id " + std::to_string(id));
+  return Status::Ok();
+}
+
+Status LineageStore::SetBestCandidate(int64_t search_id, std::optional<int64_t> candidate_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, std::string("UPDATE searches SET best_candidate = ?, updated = ") + kNow + " WHERE id = ?");
+  u.Bind(1, candidate_id).Bind(2, search_id);
+  return u.Run();
+}
+
+StatusOr<std::vector<SearchSummary>> LineageStore::History(int64_t problem_id) {
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KS_STMT(q, "SELECT id FROM searches WHERE ?1 = 0 OR problem_id = ?1 ORDER BY id DESC");
+    q.Bind(1, problem_id);
+    for (;;) {
+      KS_ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      ids.push_back(q.Int(0));
+    }
+  }
+  std::vector<SearchSummary> out;
+  for (int64_t id : ids) {
+    KS_ASSIGN_OR_RETURN(SearchSummary s, Summarize(id));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+StatusOr<SearchSummary> LineageStore::Summarize(int64_t search_id) {
+  SearchSummary s;
+  KS_ASSIGN_OR_RETURN(s.search, GetSearch(search_id));
+  KS_ASSIGN_OR_RETURN(s.spend, Spend(search_id));
+  std::lock_guard<std::mutex> lock(mu_);
+  {
+    KS_STMT(q, "SELECT name FROM problems WHERE id = ?");
+    q.Bind(1, s.search.problem_id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) s.problem_name = q.Text(0);
+  }
+  {
+    KS_STMT(q, "SELECT COUNT(*), SUM(c.state = 'evaluated'), SUM(e.status = 'correct'), "
+               "MAX(CASE WHEN e.status = 'correct' THEN e.speedup_eager END), "
+               "MIN(CASE WHEN e.status = 'correct' THEN e.median_ms END) "
+               "FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id WHERE c.search_id = ?");
+    q.Bind(1, search_id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) {
+      s.candidates = q.Int(0);
+      s.evaluated = q.Int(1);
+      s.correct = q.Int(2);
+      s.best_speedup_eager = q.OptReal(3);
+      s.best_median_ms = q.OptReal(4);
+    }
+  }
+  {
+    KS_STMT(q, "SELECT COUNT(*) FROM rounds WHERE search_id = ?");
+    q.Bind(1, search_id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) s.rounds = static_cast<int>(q.Int(0));
+  }
+  return s;
+}
+
+// ---- rounds ----
+
+namespace {
+StatusOr<RoundRow> ReadRound(const Stmt& s) {
+  RoundRow r;
+  r.search_id = s.Int(0);
+  r.round = static_cast<int>(s.Int(1));
+  auto beam = nlohmann::json::parse(s.Text(2), nullptr, false);
+  if (!beam.is_array()) return Internal("round " + std::to_string(r.round) + ": stored beam is not a JSON array");
+  for (const auto& v : beam) r.beam.push_back(v.get<int64_t>());
+  r.generated = s.Int(3) != 0;
+  return r;
+}
+}  // namespace
+
+StatusOr<std::optional<RoundRow>> LineageStore::GetRound(int64_t search_id, int round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT search_id, round, beam_json, generated FROM rounds WHERE search_id = ? AND round = ?");
+  q.Bind(1, search_id).Bind(2, round);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<RoundRow>();
+  KS_ASSIGN_OR_RETURN(RoundRow r, ReadRound(q));
+  return std::optional<RoundRow>(std::move(r));
+}
+
+StatusOr<std::optional<RoundRow>> LineageStore::LastRound(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT search_id, round, beam_json, generated FROM rounds WHERE search_id = ? "
+             "ORDER BY round DESC LIMIT 1");
+  q.Bind(1, search_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<RoundRow>();
+  KS_ASSIGN_OR_RETURN(RoundRow r, ReadRound(q));
+  return std::optional<RoundRow>(std::move(r));
+}
+
+StatusOr<RoundRow> LineageStore::StartRound(int64_t search_id, int round, const std::vector<int64_t>& beam) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KS_STMT(ins, "INSERT INTO rounds (search_id, round, beam_json) VALUES (?, ?, ?) "
+                 "ON CONFLICT(search_id, round) DO NOTHING");
+    ins.Bind(1, search_id).Bind(2, round).Bind(3, nlohmann::json(beam).dump());
+    KS_RETURN_IF_ERROR(ins.Run());
+  }
+  KS_ASSIGN_OR_RETURN(auto r, GetRound(search_id, round));
+  if (!r) return Internal("round row vanished after insert");
+  return *r;
+}
+
+Status LineageStore::MarkRoundGenerated(int64_t search_id, int round) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, "UPDATE rounds SET generated = 1 WHERE search_id = ? AND round = ?");
+  u.Bind(1, search_id).Bind(2, round);
+  return u.Run();
+}
+
+// ---- ideas ----
+
+StatusOr<int64_t> LineageStore::PutIdea(const IdeaRow& idea) {
+  if (idea.slot_key.empty()) return InvalidArgument("an idea needs a slot key");
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  {
+    KS_STMT(ins, "INSERT INTO ideas (search_id, round, parent_candidate, text, slot_key) VALUES (?, ?, ?, ?, ?) "
+                 "ON CONFLICT(search_id, slot_key) DO NOTHING");
+    ins.Bind(1, idea.search_id).Bind(2, idea.round).Bind(3, idea.parent_candidate).Bind(4, idea.text)
+        .Bind(5, idea.slot_key);
+    KS_RETURN_IF_ERROR(ins.Run());
+  }
+  KS_STMT(q, "SELECT id FROM ideas WHERE search_id = ? AND slot_key = ?");
+  q.Bind(1, idea.search_id).Bind(2, idea.slot_key);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return Internal("idea row vanished after insert");
+  int64_t id = q.Int(0);
+  KS_RETURN_IF_ERROR(txn.Commit());
+  return id;
+}
+
+StatusOr<IdeaRow> LineageStore::GetIdea(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kIdeaColumns + " FROM ideas WHERE id = ?");
+  q.Bind(1, id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return NotFound("no idea with id " + std::to_string(id));
+  return ReadIdea(q);
+}
+
+StatusOr<std::vector<IdeaRow>> LineageStore::ListIdeas(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kIdeaColumns + " FROM ideas WHERE search_id = ? ORDER BY id");
+  q.Bind(1, search_id);
+  std::vector<IdeaRow> out;
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return out;
+    out.push_back(ReadIdea(q));
+  }
+}
+
+StatusOr<std::optional<IdeaRow>> LineageStore::FindIdeaBySlot(int64_t search_id, const std::string& slot_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kIdeaColumns + " FROM ideas WHERE search_id = ? AND slot_key = ?");
+  q.Bind(1, search_id).Bind(2, slot_key);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<IdeaRow>();
+  return std::optional<IdeaRow>(ReadIdea(q));
+}
+
+// ---- candidates ----
+
+StatusOr<int64_t> LineageStore::PutCandidate(const CandidateRow& candidate) {
+  if (candidate.slot_key.empty()) return InvalidArgument("a candidate needs a slot key");
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  KS_ASSIGN_OR_RETURN(int64_t id, PutCandidateLocked(candidate));
+  KS_RETURN_IF_ERROR(txn.Commit());
+  return id;
+}
+
+StatusOr<int64_t> LineageStore::PutCandidateLocked(const CandidateRow& c) {
+  std::string hash = c.content_hash.empty() ? CandidateContentHash(c.source, c.plan_json) : c.content_hash;
+  {
+    KS_STMT(ins, "INSERT INTO candidates (search_id, round, idea_id, parent_candidate, source, plan_json, "
+                 "content_hash, state, raw_response, kind, branch, repair_depth, slot_key) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?) "
+                 "ON CONFLICT(search_id, slot_key) DO NOTHING");
+    ins.Bind(1, c.search_id).Bind(2, c.round).Bind(3, c.idea_id).Bind(4, c.parent_candidate).Bind(5, c.source)
+        .Bind(6, c.plan_json).Bind(7, hash).Bind(8, c.raw_response).Bind(9, CandidateKindName(c.kind))
+        .Bind(10, c.branch).Bind(11, c.repair_depth).Bind(12, c.slot_key);
+    KS_RETURN_IF_ERROR(ins.Run());
+  }
+  KS_STMT(q, "SELECT id FROM candidates WHERE search_id = ? AND slot_key = ?");
+  q.Bind(1, c.search_id).Bind(2, c.slot_key);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return Internal("candidate row vanished after insert");
+  return q.Int(0);
+}
+
+StatusOr<CandidateRow> LineageStore::GetCandidate(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id WHERE c.id = ?");
+  q.Bind(1, id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return NotFound("no candidate with id " + std::to_string(id));
+  return ReadCandidate(q);
+}
+
+StatusOr<std::optional<CandidateRow>> LineageStore::FindCandidateBySlot(int64_t search_id,
+                                                                        const std::string& slot_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id "
+                 "WHERE c.search_id = ? AND c.slot_key = ?");
+  q.Bind(1, search_id).Bind(2, slot_key);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<CandidateRow>();
+  KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(q));
+  return std::optional<CandidateRow>(std::move(c));
+}
+
+StatusOr<std::vector<CandidateRow>> LineageStore::ListCandidates(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id "
+                 "WHERE c.search_id = ? ORDER BY c.id");
+  q.Bind(1, search_id);
+  return ReadCandidates(q);
+}
+
+StatusOr<std::vector<CandidateRow>> LineageStore::PendingCandidates(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id "
+                 "WHERE c.state = 'pending' AND (?1 = 0 OR c.search_id = ?1) ORDER BY c.id");
+  q.Bind(1, search_id);
+  return ReadCandidates(q);
+}
+
+Status LineageStore::MarkRepairAttempted(int64_t candidate_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, "UPDATE candidates SET repair_attempted = 1 WHERE id = ?");
+  u.Bind(1, candidate_id);
+  return u.Run();
+}
+
+StatusOr<std::vector<CandidateRow>> LineageStore::Lineage(int64_t candidate_id) {
+  std::vector<CandidateRow> path;
+  std::optional<int64_t> next = candidate_id;
+  while (next) {
+    // Parent ids are always smaller than their children's (a parent exists
+    // before its child is inserted), so this walk ends; the check guards
+    // against a hand-edited file.
+    if (!path.empty() && *next >= path.back().id)
+      return Internal("lineage of candidate " + std::to_string(candidate_id) + " has a cycle");
+    KS_ASSIGN_OR_RETURN(CandidateRow c, GetCandidate(*next));
+    next = c.parent_candidate;
+    path.push_back(std::move(c));
+  }
+  return std::vector<CandidateRow>(path.rbegin(), path.rend());
+}
+
+// ---- evaluations ----
+
+Status LineageStore::PutEvaluation(int64_t candidate_id, const Evaluation& evaluation,
+                                   std::optional<int64_t> reused_from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  {
+    KS_STMT(ins, "INSERT INTO evaluations (candidate_id, status, evaluation_json, median_ms, speedup_eager, "
+                 "speedup_compile, reused_from) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    std::optional<double> median;
+    if (evaluation.timing) median = evaluation.timing->median_ms;
+    ins.Bind(1, candidate_id).Bind(2, EvalStatusName(evaluation.status))
+        .Bind(3, EvaluationToJson(evaluation).dump()).Bind(4, median).Bind(5, evaluation.speedup_eager)
+        .Bind(6, evaluation.speedup_compile).Bind(7, reused_from);
+    Status st = ins.Run();
+    if (!st.ok()) return st.WithContext("storing the evaluation of candidate " + std::to_string(candidate_id));
+  }
+  {
+    KS_STMT(u, "UPDATE candidates SET state = 'evaluated' WHERE id = ?");
+    u.Bind(1, candidate_id);
+    KS_RETURN_IF_ERROR(u.Run());
+    if (sqlite3_changes(db_.get()) == 0) return NotFound("no candidate with id " + std::to_string(candidate_id));
+  }
+  return txn.Commit();
+}
+
+StatusOr<std::optional<CandidateRow>> LineageStore::FindEvaluatedByHash(int64_t problem_id,
+                                                                        const std::string& content_hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
+                 "JOIN searches s ON s.id = c.search_id "
+                 "WHERE c.content_hash = ? AND s.problem_id = ? AND e.reused_from IS NULL ORDER BY c.id LIMIT 1");
+  q.Bind(1, content_hash).Bind(2, problem_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<CandidateRow>();
+  KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(q));
+  return std::optional<CandidateRow>(std::move(c));
+}
+
+StatusOr<std::vector<CandidateRow>> LineageStore::CorrectCandidates(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
+                 "WHERE c.search_id = ? AND e.status = 'correct' "
+                 "ORDER BY e.median_ms IS NULL, e.median_ms, c.id");
+  q.Bind(1, search_id);
+  return ReadCandidates(q);
+}
+
+StatusOr<std::optional<CandidateRow>> LineageStore::BestCorrect(int64_t search_id) {
+  KS_ASSIGN_OR_RETURN(auto all, CorrectCandidates(search_id));
+  if (all.empty()) return std::optional<CandidateRow>();
+  return std::optional<CandidateRow>(std::move(all.front()));
+}
+
+StatusOr<std::optional<CandidateRow>> LineageStore::BestCorrectForProblem(int64_t problem_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
+                 " FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
+                 "JOIN searches s ON s.id = c.search_id "
+                 "WHERE s.problem_id = ? AND e.status = 'correct' "
+                 "ORDER BY e.median_ms IS NULL, e.median_ms, c.id LIMIT 1");
+  q.Bind(1, problem_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<CandidateRow>();
+  KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(q));
+  return std::optional<CandidateRow>(std::move(c));
+}
+
+// ---- LLM calls ----
+
+StatusOr<int64_t> LineageStore::PutLlmCall(int64_t search_id, const std::string& slot_key,
+                                           const LlmCallRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(ins, "INSERT INTO llm_calls (search_id, role, backend, model, prompt, response, tokens_in, tokens_out, "
+               "latency_s, cost_usd, error, finish_reason, attempts, system, slot_key, prompt_sha256) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+  ins.Bind(1, search_id).Bind(2, r.role).Bind(3, r.backend).Bind(4, r.model).Bind(5, r.prompt).Bind(6, r.response)
+      .Bind(7, r.tokens_in).Bind(8, r.tokens_out).Bind(9, r.latency_s).Bind(10, r.cost_usd).Bind(11, r.error)
+      .Bind(12, r.finish_reason).Bind(13, r.attempts).Bind(14, r.system).Bind(15, slot_key)
+      .Bind(16, PromptHash(r.role, r.system, r.prompt));
+  KS_RETURN_IF_ERROR(ins.Run());
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_.get()));
+}
+
+StatusOr<std::optional<LlmCallRow>> LineageStore::FindFinishedLlmCall(int64_t search_id, const std::string& role,
+                                                                      const std::string& prompt_sha256,
+                                                                      const std::string& slot_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kLlmCallColumns +
+                 " FROM llm_calls WHERE search_id = ? AND role = ? AND prompt_sha256 = ? AND slot_key = ? "
+                 "AND error = '' ORDER BY id LIMIT 1");
+  q.Bind(1, search_id).Bind(2, role).Bind(3, prompt_sha256).Bind(4, slot_key);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<LlmCallRow>();
+  return std::optional<LlmCallRow>(ReadLlmCall(q));
+}
+
+StatusOr<std::vector<LlmCallRow>> LineageStore::ListLlmCalls(int64_t search_id, bool finished_only) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, std::string("SELECT ") + kLlmCallColumns +
+                 " FROM llm_calls WHERE search_id = ? AND (? = 0 OR error = '') ORDER BY id");
+  q.Bind(1, search_id).Bind(2, finished_only ? 1 : 0);
+  std::vector<LlmCallRow> out;
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return out;
+    out.push_back(ReadLlmCall(q));
+  }
+}
+
+StatusOr<LlmSpend> LineageStore::Spend(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT COUNT(*), COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0), "
+             "COALESCE(SUM(cost_usd), 0) FROM llm_calls WHERE search_id = ?");
+  q.Bind(1, search_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  LlmSpend s;
+  if (row) {
+    s.calls = q.Int(0);
+    s.tokens_in = q.Int(1);
+    s.tokens_out = q.Int(2);
+    s.cost_usd = q.Real(3);
+  }
+  return s;
+}
+
+#undef KS_STMT
+
+}  // namespace ks::store
