@@ -16,8 +16,10 @@ OH = (H + 2 * PAD - KSIZE) // STRIDE + 1  # 55
 OW = (W + 2 * PAD - KSIZE) // STRIDE + 1  # 55
 
 FLOPS = 2 * BATCH * OUT_CH * OH * OW * IN_CH * KSIZE * KSIZE
-# 363-term sums; cuDNN may compute the fp32 reference with TF32 (allow_tf32 is on by default).
-TOLERANCE = {"atol": 1e-3, "rtol": 1e-3}
+# cuDNN computes the fp32 reference with TF32 unless torch.backends.cudnn.allow_tf32 is off
+# (on by default): TF32 and exact fp32 differ by up to ~1e-3 here (outputs up to ~3.5), so
+# the tolerance admits both a TF32 and an exact reference, and TF32 candidates.
+TOLERANCE = {"atol": 5e-3, "rtol": 5e-3}
 
 
 class Model(torch.nn.Module):
