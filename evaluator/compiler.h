@@ -1,0 +1,61 @@
+// Compiling candidate source with NVRTC, out of process.
+//
+// Candidate source is untrusted: NVRTC runs in a `ks-worker compile` child with a
+// wall-clock limit and memory/file limits, so a compiler hang or blow-up ends
+// only that child. The trusted side pre-checks the source (size, includes) and
+// parses what comes back (PTX entry points, globals, ptxas resource lines).
+// Thread-safe: each call starts its own child, so compiles run in parallel.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "evaluator/kernel_info.h"
+
+namespace ks {
+
+struct CompileOptions {
+  std::string arch = "sm_90";      // sm_XY or sm_XYa
+  double timeout_s = 60;           // wall clock for the whole compile
+  size_t max_source_bytes = 1u << 20;
+  std::string worker_path;         // ks-worker; "" = next to this executable or the build tree
+  std::string cuda_home;           // "" = $KS_CUDA_HOME, $CUDA_HOME, /usr/local/cuda, the build's toolkit
+};
+
+struct CompileResult {
+  bool ok = false;
+  std::string message;   // why it failed, one line (empty when ok)
+  std::string log;       // NVRTC + ptxas log
+  std::string cubin;     // binary, when ok
+  std::string ptx;       // PTX text, when ok
+  std::vector<KernelInfo> kernels;
+  std::vector<GlobalVar> globals;
+  double seconds = 0;
+};
+
+// Fails (Status) only when the compiler itself cannot run (no ks-worker, no
+// CUDA headers). A candidate that does not compile is a CompileResult with ok=false.
+StatusOr<CompileResult> CompileCandidate(const std::string& source, const CompileOptions& opts);
+
+// Pieces, exposed for tests and for the worker.
+
+// Refuses #include of anything outside the CUDA include tree, computed includes
+// (#include MACRO) and paths with "..": the compiler must not read host files.
+Status CheckIncludes(const std::string& source, const std::vector<std::string>& include_dirs);
+// Entry points and their parameter layouts, and module-scope .global variables.
+StatusOr<std::vector<KernelInfo>> ParsePtxEntries(const std::string& ptx);
+std::vector<GlobalVar> ParsePtxGlobals(const std::string& ptx);
+// Fills registers / shared / stack / spill figures from `ptxas -v` lines in the log.
+void ParsePtxasResources(const std::string& log, std::vector<KernelInfo>* kernels);
+
+// The CUDA root whose include/ NVRTC should see; FailedPrecondition if none has cuda_runtime.h... headers.
+StatusOr<std::string> FindCudaHome(const std::string& explicit_home);
+std::vector<std::string> CudaIncludeDirs(const std::string& cuda_home);
+// Path of the ks-worker executable.
+StatusOr<std::string> FindWorker(const std::string& explicit_path);
+
+// Runs NVRTC in this process (used inside ks-worker). Links libnvrtc.
+CompileResult CompileWithNvrtc(const std::string& source, const std::string& arch, const std::string& cuda_home);
+
+}  // namespace ks

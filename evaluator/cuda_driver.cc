@@ -1,0 +1,209 @@
+#include "evaluator/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace ks {
+namespace {
+
+using GetProcFn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+StatusOr<const CudaDriver*> LoadOnce() {
+  // Never dlclose'd: the driver stays for the life of the process.
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    return FailedPrecondition(std::string("no NVIDIA driver: cannot load libcuda.so.1 (") + (e ? e : "?") +
+                              "); GPU evaluation needs a machine with an NVIDIA GPU");
+  }
+  auto get_proc = reinterpret_cast<GetProcFn>(dlsym(h, "cuGetProcAddress_v2"));
+  if (!get_proc) return FailedPrecondition("libcuda.so.1 has no cuGetProcAddress_v2 (driver older than CUDA 12)");
+  auto* d = new CudaDriver();
+  std::string missing;
+#define KS_CU_FN(name)                                                                            \
+  {                                                                                               \
+    void* fn = nullptr;                                                                           \
+    CUdriverProcAddressQueryResult q;                                                             \
+    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS || !fn) \
+      missing += std::string(" ") + #name;                                                        \
+    d->name = reinterpret_cast<decltype(d->name)>(fn);                                            \
+  }
+#include "evaluator/cuda_driver_fns.inc"
+#undef KS_CU_FN
+  if (!missing.empty()) {
+    delete d;
+    return FailedPrecondition("the NVIDIA driver lacks entry points:" + missing + " (driver too old for CUDA " +
+                              std::to_string(CUDA_VERSION) + "?)");
+  }
+  CUresult r = d->cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    std::string name = d->ErrorName(r);
+    delete d;
+    return FailedPrecondition("cuInit failed: " + name + " (no usable GPU?)");
+  }
+  int count = 0;
+  if (d->cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+    delete d;
+    return FailedPrecondition("the NVIDIA driver sees no GPU");
+  }
+  return static_cast<const CudaDriver*>(d);
+}
+
+}  // namespace
+
+StatusOr<const CudaDriver*> CudaDriver::Get() {
+  static StatusOr<const CudaDriver*>* loaded = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] { loaded = new StatusOr<const CudaDriver*>(LoadOnce()); });
+  return *loaded;
+}
+
+std::string CudaDriver::ErrorName(CUresult r) const {
+  const char* name = nullptr;
+  const char* desc = nullptr;
+  if (cuGetErrorName) cuGetErrorName(r, &name);
+  if (cuGetErrorString) cuGetErrorString(r, &desc);
+  std::string out = name ? name : ("CUresult " + std::to_string(static_cast<int>(r)));
+  if (desc) out += std::string(" (") + desc + ")";
+  return out;
+}
+
+Status CudaDriver::Check(CUresult r, const char* what) const {
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  Code code = r == CUDA_ERROR_OUT_OF_MEMORY ? Code::kResourceExhausted : Code::kInternal;
+  return Status(code, std::string(what) + ": " + ErrorName(r));
+}
+
+bool GpuAvailable(std::string* why) {
+  auto d = CudaDriver::Get();
+  if (!d.ok() && why) *why = d.status().message();
+  return d.ok();
+}
+
+StatusOr<std::string> DetectArch() {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  CUdevice dev;
+  KS_RETURN_IF_ERROR(d->Check(d->cuDeviceGet(&dev, 0), "cuDeviceGet"));
+  KS_ASSIGN_OR_RETURN(DeviceInfo info, QueryDevice(dev));
+  return info.Arch();
+}
+
+StatusOr<DeviceInfo> QueryDevice(CUdevice dev) {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  DeviceInfo info;
+  char name[256] = {0};
+  KS_RETURN_IF_ERROR(d->Check(d->cuDeviceGetName(name, sizeof name, dev), "cuDeviceGetName"));
+  info.name = name;
+  int v = 0;
+  auto attr = [&](CUdevice_attribute a) {
+    v = 0;
+    d->cuDeviceGetAttribute(&v, a, dev);
+    return v;
+  };
+  info.sm_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  info.sm_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  info.multiprocessors = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  info.l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+  info.shared_per_block_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  size_t total = 0;
+  d->cuDeviceTotalMem(&total, dev);
+  info.total_memory = static_cast<int64_t>(total);
+  return info;
+}
+
+StatusOr<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  DeviceBuffer b;
+  KS_RETURN_IF_ERROR(d->Check(d->cuMemAlloc(&b.ptr_, bytes ? bytes : 1), "cuMemAlloc").WithContext(
+      std::to_string(bytes) + " bytes"));
+  b.bytes_ = bytes;
+  return b;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) (*CudaDriver::Get())->cuMemFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) (*CudaDriver::Get())->cuMemFree(ptr_);
+    ptr_ = std::exchange(o.ptr_, 0);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+StatusOr<Module> Module::Load(const std::string& image) {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  Module m;
+  KS_RETURN_IF_ERROR(d->Check(d->cuModuleLoadData(&m.mod_, image.data()), "cuModuleLoadData"));
+  return m;
+}
+
+Module::~Module() {
+  if (mod_) (*CudaDriver::Get())->cuModuleUnload(mod_);
+}
+
+Module& Module::operator=(Module&& o) noexcept {
+  if (this != &o) {
+    if (mod_) (*CudaDriver::Get())->cuModuleUnload(mod_);
+    mod_ = std::exchange(o.mod_, nullptr);
+  }
+  return *this;
+}
+
+StatusOr<CUfunction> Module::Function(const std::string& name) const {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  CUfunction f;
+  KS_RETURN_IF_ERROR(d->Check(d->cuModuleGetFunction(&f, mod_, name.c_str()), ("cuModuleGetFunction " + name).c_str()));
+  return f;
+}
+
+StatusOr<Event> Event::Create() {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  Event e;
+  KS_RETURN_IF_ERROR(d->Check(d->cuEventCreate(&e.ev_, CU_EVENT_DEFAULT), "cuEventCreate"));
+  return e;
+}
+
+Event::~Event() {
+  if (ev_) (*CudaDriver::Get())->cuEventDestroy(ev_);
+}
+
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (ev_) (*CudaDriver::Get())->cuEventDestroy(ev_);
+    ev_ = std::exchange(o.ev_, nullptr);
+  }
+  return *this;
+}
+
+StatusOr<PrimaryContext> PrimaryContext::Open(int ordinal) {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  PrimaryContext p;
+  KS_RETURN_IF_ERROR(d->Check(d->cuDeviceGet(&p.dev_, ordinal), "cuDeviceGet"));
+  KS_RETURN_IF_ERROR(d->Check(d->cuDevicePrimaryCtxRetain(&p.ctx_, p.dev_), "cuDevicePrimaryCtxRetain"));
+  KS_RETURN_IF_ERROR(p.MakeCurrent());
+  return p;
+}
+
+Status PrimaryContext::MakeCurrent() const {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  return d->Check(d->cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");
+}
+
+PrimaryContext::~PrimaryContext() {
+  if (ctx_) (*CudaDriver::Get())->cuDevicePrimaryCtxRelease(dev_);
+}
+
+PrimaryContext& PrimaryContext::operator=(PrimaryContext&& o) noexcept {
+  if (this != &o) {
+    if (ctx_) (*CudaDriver::Get())->cuDevicePrimaryCtxRelease(dev_);
+    dev_ = std::exchange(o.dev_, -1);
+    ctx_ = std::exchange(o.ctx_, nullptr);
+  }
+  return *this;
+}
+
+}  // namespace ks

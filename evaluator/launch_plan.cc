@@ -1,0 +1,434 @@
+#include "evaluator/launch_plan.h"
+
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace ks {
+
+const char* ParamKindName(ParamKind k) {
+  switch (k) {
+    case ParamKind::kB64: return "64-bit (pointer or long long)";
+    case ParamKind::kB32: return "32-bit integer";
+    case ParamKind::kF32: return "float";
+    case ParamKind::kF64: return "double";
+    case ParamKind::kB16: return "16-bit";
+    case ParamKind::kB8: return "8-bit";
+    case ParamKind::kBytes: return "struct by value";
+  }
+  return "?";
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+// Recursive-descent parser over the expression text.
+class ExprParser {
+ public:
+  ExprParser(const std::string& s, const Signature& sig) : s_(s), sig_(sig) {}
+
+  StatusOr<int64_t> Parse() {
+    KS_ASSIGN_OR_RETURN(int64_t v, ParseSum());
+    SkipWs();
+    if (pos_ != s_.size()) return Error("unexpected '" + s_.substr(pos_, 1) + "'");
+    return v;
+  }
+
+ private:
+  Status Error(const std::string& what) const {
+    return InvalidArgument("expression '" + s_ + "': " + what + " at position " + std::to_string(pos_));
+  }
+  void SkipWs() {
+    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+  }
+  bool Eat(char c) {
+    SkipWs();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  StatusOr<int64_t> Checked(__int128 v) const {
+    if (v > std::numeric_limits<int64_t>::max() || v < std::numeric_limits<int64_t>::min())
+      return Error("integer overflow");
+    return static_cast<int64_t>(v);
+  }
+
+  StatusOr<int64_t> ParseSum() {
+    KS_ASSIGN_OR_RETURN(int64_t v, ParseProduct());
+    for (;;) {
+      if (Eat('+')) {
+        KS_ASSIGN_OR_RETURN(int64_t r, ParseProduct());
+        KS_ASSIGN_OR_RETURN(v, Checked(static_cast<__int128>(v) + r));
+      } else if (Eat('-')) {
+        KS_ASSIGN_OR_RETURN(int64_t r, ParseProduct());
+        KS_ASSIGN_OR_RETURN(v, Checked(static_cast<__int128>(v) - r));
+      } else {
+        return v;
+      }
+    }
+  }
+
+  StatusOr<int64_t> ParseProduct() {
+    KS_ASSIGN_OR_RETURN(int64_t v, ParseUnary());
+    for (;;) {
+      char op = 0;
+      if (Eat('*')) op = '*';
+      else if (Eat('/')) op = '/';
+      else if (Eat('%')) op = '%';
+      else return v;
+      KS_ASSIGN_OR_RETURN(int64_t r, ParseUnary());
+      if (op == '*') {
+        KS_ASSIGN_OR_RETURN(v, Checked(static_cast<__int128>(v) * r));
+      } else {
+        if (r == 0) return Error("division by zero");
+        v = op == '/' ? v / r : v % r;
+      }
+    }
+  }
+
+  StatusOr<int64_t> ParseUnary() {
+    if (Eat('-')) {
+      KS_ASSIGN_OR_RETURN(int64_t v, ParseUnary());
+      return Checked(-static_cast<__int128>(v));
+    }
+    if (Eat('+')) return ParseUnary();
+    return ParsePrimary();
+  }
+
+  StatusOr<int64_t> ParsePrimary() {
+    SkipWs();
+    if (pos_ >= s_.size()) return Error("unexpected end");
+    char c = s_[pos_];
+    if (c == '(') {
+      ++pos_;
+      KS_ASSIGN_OR_RETURN(int64_t v, ParseSum());
+      if (!Eat(')')) return Error("expected ')'");
+      return v;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      __int128 v = 0;
+      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
+        v = v * 10 + (s_[pos_++] - '0');
+        if (v > std::numeric_limits<int64_t>::max()) return Error("integer literal too large");
+      }
+      if (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))
+        return Error("a float literal is not allowed in an integer expression");
+      return static_cast<int64_t>(v);
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') return ParseName();
+    return Error("unexpected '" + std::string(1, c) + "'");
+  }
+
+  StatusOr<int64_t> ParseName() {
+    size_t start = pos_;
+    while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_' || s_[pos_] == '.'))
+      ++pos_;
+    std::string name = s_.substr(start, pos_ - start);
+    if (name == "cdiv" || name == "min" || name == "max") {
+      if (!Eat('(')) return Error("expected '(' after " + name);
+      std::vector<int64_t> args;
+      do {
+        KS_ASSIGN_OR_RETURN(int64_t a, ParseSum());
+        args.push_back(a);
+      } while (Eat(','));
+      if (!Eat(')')) return Error("expected ')' to close " + name + "(");
+      if (name == "cdiv") {
+        if (args.size() != 2) return Error("cdiv takes two arguments");
+        if (args[1] <= 0) return Error("cdiv by a non-positive number");
+        if (args[0] < 0) return Error("cdiv of a negative number");
+        return args[0] / args[1] + (args[0] % args[1] != 0);
+      }
+      int64_t v = args[0];
+      for (int64_t a : args) v = name == "min" ? std::min(v, a) : std::max(v, a);
+      return v;
+    }
+    // <tensor>.numel, <tensor>.shape[i]; tensor names may contain dots (conv.weight).
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".numel")) {
+      std::string t = name.substr(0, name.size() - 6);
+      const TensorSpec* spec = sig_.Find(t);
+      if (!spec) return Error("unknown tensor '" + t + "'");
+      return spec->numel();
+    }
+    if (ends_with(".shape")) {
+      std::string t = name.substr(0, name.size() - 6);
+      const TensorSpec* spec = sig_.Find(t);
+      if (!spec) return Error("unknown tensor '" + t + "'");
+      if (!Eat('[')) return Error("expected '[' after .shape");
+      KS_ASSIGN_OR_RETURN(int64_t idx, ParseSum());
+      if (!Eat(']')) return Error("expected ']'");
+      int64_t rank = static_cast<int64_t>(spec->shape.size());
+      if (idx < 0) idx += rank;
+      if (idx < 0 || idx >= rank)
+        return Error("'" + t + "' has " + std::to_string(rank) + " dimensions; shape index out of range");
+      return spec->shape[idx];
+    }
+    const TensorSpec* spec = sig_.Find(name);
+    if (spec && spec->is_scalar) {
+      if (IsFloating(spec->dtype)) return Error("scalar '" + name + "' is a float, not an integer");
+      return static_cast<int64_t>(spec->scalar_value);
+    }
+    if (spec) return Error("'" + name + "' is a tensor; use " + name + ".numel or " + name + ".shape[i]");
+    return Error("unknown name '" + name + "'");
+  }
+
+  const std::string& s_;
+  const Signature& sig_;
+  size_t pos_ = 0;
+};
+
+// An expression field may be a JSON string or a JSON integer.
+StatusOr<int64_t> EvalField(const json& v, const Signature& sig) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) return EvalIntExpr(v.get<std::string>(), sig);
+  return InvalidArgument("expected an integer or an expression string, got " + v.dump());
+}
+
+StatusOr<std::array<int64_t, 3>> EvalDims(const json& v, const Signature& sig, const std::string& what) {
+  std::array<int64_t, 3> out{1, 1, 1};
+  if (v.is_number_integer() || v.is_string()) {
+    KS_ASSIGN_OR_RETURN(out[0], EvalField(v, sig));
+    return out;
+  }
+  if (!v.is_array() || v.empty() || v.size() > 3) return InvalidArgument(what + " must be a list of 1 to 3 entries");
+  for (size_t i = 0; i < v.size(); ++i) {
+    auto r = EvalField(v[i], sig);
+    if (!r.ok()) return r.status().WithContext(what + "[" + std::to_string(i) + "]");
+    out[i] = *r;
+  }
+  return out;
+}
+
+bool LooksLikeFloat(const std::string& s) {
+  if (s.empty()) return false;
+  bool has_mark = s.find_first_of(".eE") != std::string::npos;
+  if (!has_mark) return false;
+  if (s.find_first_not_of("0123456789.eE+-") != std::string::npos) return false;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return end && *end == '\0';
+}
+
+StatusOr<ArgValue> ResolveArg(const json& a, const ParamInfo& p, const Signature& sig,
+                              const std::set<std::string>& scratch) {
+  auto want_int = [&](int64_t v) -> StatusOr<ArgValue> {
+    ArgValue out;
+    switch (p.kind) {
+      case ParamKind::kB64: out.kind = ArgValue::Kind::kInt64; out.i = v; return out;
+      case ParamKind::kB32:
+        if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<uint32_t>::max())
+          return InvalidArgument("value " + std::to_string(v) + " does not fit the kernel's 32-bit parameter");
+        out.kind = ArgValue::Kind::kInt32; out.i = v; return out;
+      case ParamKind::kF32: out.kind = ArgValue::Kind::kFloat32; out.f = static_cast<double>(v); return out;
+      case ParamKind::kF64: out.kind = ArgValue::Kind::kFloat64; out.f = static_cast<double>(v); return out;
+      default:
+        return InvalidArgument(std::string("the kernel's parameter is ") + ParamKindName(p.kind) +
+                               ", which a plan argument cannot fill");
+    }
+  };
+  auto want_float = [&](double v) -> StatusOr<ArgValue> {
+    ArgValue out;
+    out.f = v;
+    if (p.kind == ParamKind::kF32) { out.kind = ArgValue::Kind::kFloat32; return out; }
+    if (p.kind == ParamKind::kF64) { out.kind = ArgValue::Kind::kFloat64; return out; }
+    return InvalidArgument(std::string("a float value for a ") + ParamKindName(p.kind) + " parameter");
+  };
+  if (a.is_number_float()) return want_float(a.get<double>());
+  if (a.is_number_integer()) return want_int(a.get<int64_t>());
+  if (!a.is_string()) return InvalidArgument("argument must be a string or a number, got " + a.dump());
+  std::string s = a.get<std::string>();
+  if (scratch.count(s)) {
+    if (p.kind != ParamKind::kB64)
+      return InvalidArgument("scratch '" + s + "' is a pointer but the kernel's parameter is " + ParamKindName(p.kind));
+    return ArgValue{ArgValue::Kind::kScratch, s, 0, 0};
+  }
+  if (const TensorSpec* t = sig.Find(s)) {
+    if (t->is_scalar) {
+      if (IsFloating(t->dtype)) return want_float(t->scalar_value);
+      return want_int(static_cast<int64_t>(t->scalar_value));
+    }
+    if (p.kind != ParamKind::kB64)
+      return InvalidArgument("tensor '" + s + "' is a pointer but the kernel's parameter is " + ParamKindName(p.kind));
+    return ArgValue{ArgValue::Kind::kTensor, s, 0, 0};
+  }
+  if (LooksLikeFloat(s)) return want_float(std::strtod(s.c_str(), nullptr));
+  KS_ASSIGN_OR_RETURN(int64_t v, EvalIntExpr(s, sig));
+  return want_int(v);
+}
+
+std::string KnownNames(const Signature& sig, const std::set<std::string>& scratch) {
+  std::string out;
+  for (const auto* list : {&sig.inputs, &sig.parameters, &sig.outputs})
+    for (const auto& t : *list) out += (out.empty() ? "" : ", ") + t.name;
+  if (!scratch.empty()) {
+    out += "; scratch: ";
+    bool first = true;
+    for (const auto& s : scratch) out += (first ? "" : ", ") + s, first = false;
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<int64_t> EvalIntExpr(const std::string& expr, const Signature& sig) {
+  if (expr.size() > 4096) return InvalidArgument("expression longer than 4096 characters");
+  return ExprParser(expr, sig).Parse();
+}
+
+std::vector<ResolvedLaunch> ResolvedPlan::Summary() const {
+  std::vector<ResolvedLaunch> out;
+  for (const auto& l : launches) {
+    ResolvedLaunch r;
+    r.kernel = l.kernel;
+    for (int i = 0; i < 3; ++i) r.grid[i] = l.grid[i], r.block[i] = l.block[i];
+    r.shared_bytes = l.shared_bytes;
+    out.push_back(r);
+  }
+  return out;
+}
+
+StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature& sig,
+                                   const std::vector<KernelInfo>& kernels, const PlanLimits& limits) {
+  json plan = json::parse(plan_json, nullptr, false);
+  if (plan.is_discarded()) {
+    try {
+      (void)json::parse(plan_json);
+    } catch (const json::parse_error& e) {
+      return InvalidArgument(std::string("launch plan is not valid JSON: ") + e.what());
+    }
+  }
+  if (!plan.is_object()) return InvalidArgument("launch plan must be a JSON object with \"launches\"");
+  for (const auto& [key, _] : plan.items()) {
+    if (key == "tensor_maps")
+      return InvalidArgument("launch plan: \"tensor_maps\" (TMA descriptors) is not supported by this evaluator yet");
+    if (key != "launches" && key != "scratch")
+      return InvalidArgument("launch plan: unknown key \"" + key + "\" (expected \"launches\" and optionally \"scratch\")");
+  }
+  ResolvedPlan out;
+  std::set<std::string> scratch_names;
+  if (plan.contains("scratch")) {
+    const json& sc = plan["scratch"];
+    if (!sc.is_array()) return InvalidArgument("scratch must be a list");
+    for (size_t i = 0; i < sc.size(); ++i) {
+      std::string where = "scratch[" + std::to_string(i) + "]";
+      if (!sc[i].is_object() || !sc[i].contains("name") || !sc[i]["name"].is_string() || !sc[i].contains("bytes"))
+        return InvalidArgument(where + ": needs \"name\" (string) and \"bytes\"");
+      std::string name = sc[i]["name"];
+      where += " (" + name + ")";
+      if (sig.Find(name)) return InvalidArgument(where + ": name collides with a tensor of the signature");
+      if (!scratch_names.insert(name).second) return InvalidArgument(where + ": duplicate scratch name");
+      auto bytes = EvalField(sc[i]["bytes"], sig);
+      if (!bytes.ok()) return bytes.status().WithContext(where + ": bytes");
+      if (*bytes <= 0) return InvalidArgument(where + ": bytes must be positive, got " + std::to_string(*bytes));
+      if (*bytes > limits.max_scratch_bytes)
+        return InvalidArgument(where + ": " + std::to_string(*bytes) + " bytes exceeds the scratch limit of " +
+                               std::to_string(limits.max_scratch_bytes));
+      out.scratch.push_back({name, *bytes});
+    }
+  }
+  if (!plan.contains("launches") || !plan["launches"].is_array() || plan["launches"].empty())
+    return InvalidArgument("launch plan needs a non-empty \"launches\" list");
+  const json& ls = plan["launches"];
+  if (static_cast<int>(ls.size()) > limits.max_launches)
+    return InvalidArgument("launch plan has " + std::to_string(ls.size()) + " launches; the limit is " +
+                           std::to_string(limits.max_launches));
+  for (size_t li = 0; li < ls.size(); ++li) {
+    const json& l = ls[li];
+    std::string where = "launches[" + std::to_string(li) + "]";
+    if (!l.is_object()) return InvalidArgument(where + ": must be an object");
+    for (const auto& [key, _] : l.items())
+      if (key != "kernel" && key != "grid" && key != "block" && key != "shared_bytes" && key != "args" && key != "cluster")
+        return InvalidArgument(where + ": unknown key \"" + key + "\"");
+    if (!l.contains("kernel") || !l["kernel"].is_string()) return InvalidArgument(where + ": needs \"kernel\" (a name)");
+    PlannedLaunch pl;
+    pl.kernel = l["kernel"];
+    where += " (" + pl.kernel + ")";
+    const KernelInfo* k = nullptr;
+    for (const auto& ki : kernels)
+      if (ki.name == pl.kernel) k = &ki;
+    if (!k) {
+      std::string names;
+      for (const auto& ki : kernels) names += (names.empty() ? "" : ", ") + ki.name;
+      return InvalidArgument(where + ": no extern \"C\" __global__ kernel of that name; the source has: " +
+                             (names.empty() ? "none" : names));
+    }
+    if (!l.contains("grid")) return InvalidArgument(where + ": needs \"grid\"");
+    if (!l.contains("block")) return InvalidArgument(where + ": needs \"block\"");
+    {
+      auto g = EvalDims(l["grid"], sig, "grid");
+      if (!g.ok()) return g.status().WithContext(where);
+      pl.grid = *g;
+      auto b = EvalDims(l["block"], sig, "block");
+      if (!b.ok()) return b.status().WithContext(where);
+      pl.block = *b;
+    }
+    const int64_t kGridMax[3] = {2147483647LL, 65535, 65535};
+    const int64_t kBlockMax[3] = {1024, 1024, 64};
+    for (int d = 0; d < 3; ++d) {
+      const char* axis = "xyz" + d;
+      std::string ax(1, *axis);
+      if (pl.grid[d] < 1 || pl.grid[d] > kGridMax[d])
+        return InvalidArgument(where + ": grid." + ax + " = " + std::to_string(pl.grid[d]) + " is outside 1.." +
+                               std::to_string(kGridMax[d]));
+      if (pl.block[d] < 1 || pl.block[d] > kBlockMax[d])
+        return InvalidArgument(where + ": block." + ax + " = " + std::to_string(pl.block[d]) + " is outside 1.." +
+                               std::to_string(kBlockMax[d]));
+    }
+    int64_t threads = pl.block[0] * pl.block[1] * pl.block[2];
+    if (threads > 1024)
+      return InvalidArgument(where + ": block has " + std::to_string(threads) + " threads; at most 1024");
+    if (l.contains("shared_bytes")) {
+      auto sb = EvalField(l["shared_bytes"], sig);
+      if (!sb.ok()) return sb.status().WithContext(where + ": shared_bytes");
+      pl.shared_bytes = *sb;
+    }
+    if (pl.shared_bytes < 0) return InvalidArgument(where + ": shared_bytes is negative");
+    int64_t total_shared = pl.shared_bytes + k->resources.static_shared_bytes;
+    if (total_shared > limits.max_shared_bytes_per_block)
+      return InvalidArgument(where + ": " + std::to_string(pl.shared_bytes) + " dynamic + " +
+                             std::to_string(k->resources.static_shared_bytes) +
+                             " static bytes of shared memory exceed the device limit of " +
+                             std::to_string(limits.max_shared_bytes_per_block) + " per block");
+    if (l.contains("cluster")) {
+      auto c = EvalDims(l["cluster"], sig, "cluster");
+      if (!c.ok()) return c.status().WithContext(where);
+      int64_t size = 1;
+      for (int d = 0; d < 3; ++d) {
+        if ((*c)[d] < 1) return InvalidArgument(where + ": cluster dimensions must be positive");
+        if (pl.grid[d] % (*c)[d] != 0)
+          return InvalidArgument(where + ": grid is not a multiple of the cluster shape");
+        size *= (*c)[d];
+      }
+      if (size > limits.max_cluster_size)
+        return InvalidArgument(where + ": cluster of " + std::to_string(size) + " blocks; at most " +
+                               std::to_string(limits.max_cluster_size));
+      pl.cluster = *c;
+    }
+    json args = l.value("args", json::array());
+    if (!args.is_array()) return InvalidArgument(where + ": \"args\" must be a list");
+    if (args.size() != k->params.size())
+      return InvalidArgument(where + ": " + std::to_string(args.size()) + " args given but the kernel takes " +
+                             std::to_string(k->params.size()) + " parameters");
+    for (size_t ai = 0; ai < args.size(); ++ai) {
+      auto a = ResolveArg(args[ai], k->params[ai], sig, scratch_names);
+      if (!a.ok()) {
+        std::string msg = a.status().message();
+        if (msg.find("unknown name") != std::string::npos) msg += " (known: " + KnownNames(sig, scratch_names) + ")";
+        return InvalidArgument(where + ": args[" + std::to_string(ai) + "] " + args[ai].dump() + ": " + msg);
+      }
+      pl.args.push_back(*a);
+    }
+    out.launches.push_back(std::move(pl));
+  }
+  return out;
+}
+
+}  // namespace ks

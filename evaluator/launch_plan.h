@@ -1,0 +1,65 @@
+// Launch plans (DESIGN.md, contract 2): parsing the JSON, evaluating the integer
+// expressions in it, and resolving it against the problem signature and the
+// compiled kernels into concrete launches. Every failure names the plan entry.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "evaluator/evaluation.h"
+#include "evaluator/kernel_info.h"
+#include "evaluator/signature.h"
+
+namespace ks {
+
+// Evaluates an integer expression: integers, + - * / %, parentheses, unary minus,
+// cdiv(a, b), min(a, b, ...), max(a, b, ...), <tensor>.shape[i] (negative i counts
+// from the end), <tensor>.numel, integer scalar inputs by name. Extra names (e.g.
+// nothing today) may be given in `extra`. Overflow and division by zero are errors.
+StatusOr<int64_t> EvalIntExpr(const std::string& expr, const Signature& sig);
+
+struct ArgValue {
+  enum class Kind { kTensor, kScratch, kInt32, kInt64, kFloat32, kFloat64 } kind = Kind::kInt32;
+  std::string name;  // tensor or scratch name
+  int64_t i = 0;
+  double f = 0;
+};
+
+struct PlannedLaunch {
+  std::string kernel;
+  std::array<int64_t, 3> grid{1, 1, 1};
+  std::array<int64_t, 3> block{1, 1, 1};
+  int64_t shared_bytes = 0;
+  std::optional<std::array<int64_t, 3>> cluster;  // Hopper thread-block clusters
+  std::vector<ArgValue> args;
+};
+
+struct ScratchBuffer {
+  std::string name;
+  int64_t bytes = 0;
+};
+
+struct ResolvedPlan {
+  std::vector<PlannedLaunch> launches;
+  std::vector<ScratchBuffer> scratch;
+  std::vector<ResolvedLaunch> Summary() const;
+};
+
+struct PlanLimits {
+  int64_t max_shared_bytes_per_block = 232448;  // sm_90 opt-in limit; the device's when known
+  int64_t max_scratch_bytes = int64_t{16} << 30;
+  int max_launches = 64;
+  int max_cluster_size = 16;
+};
+
+// Parses, evaluates and checks a plan. InvalidArgument (-> status invalid_plan)
+// with a message like "launches[1] (normalize): args[3] 'ln.wieght': unknown name".
+StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature& sig,
+                                   const std::vector<KernelInfo>& kernels, const PlanLimits& limits);
+
+}  // namespace ks

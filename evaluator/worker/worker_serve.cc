@@ -1,0 +1,328 @@
+#include "evaluator/worker/worker_serve.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/base64.h"
+#include "evaluator/cuda_driver.h"
+#include "evaluator/worker_protocol.h"
+
+namespace ks {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kGuardBytes = 4096;
+constexpr uint8_t kGuardByte = 0xCD;
+constexpr uint32_t kScratchFill = 0x7FC0FFEE;  // scratch is not zeroed: it holds junk (a NaN) at every run
+
+struct OutputRegion {
+  CUdeviceptr offset = 0;
+  size_t bytes = 0;
+  PoisonPattern poison;
+};
+
+struct ArgSpec {
+  enum Kind { kTensor, kScratch, kI32, kI64, kF32, kF64 } kind = kI32;
+  std::vector<uint64_t> offsets;  // tensor: arena offset per input set
+  int scratch = 0;
+  int64_t i = 0;
+  double f = 0;
+};
+
+struct LaunchSpec {
+  CUfunction fn = nullptr;
+  std::string kernel;
+  unsigned grid[3], block[3];
+  unsigned shared = 0;
+  std::optional<std::array<unsigned, 3>> cluster;
+  std::vector<ArgSpec> args;
+};
+
+struct GlobalSnapshot {
+  std::string name;
+  CUdeviceptr ptr = 0;
+  std::string bytes;
+};
+
+struct Candidate {
+  Module module;
+  std::vector<LaunchSpec> launches;
+  std::vector<DeviceBuffer> scratch;  // [guard][data][guard]
+  std::vector<size_t> scratch_bytes;
+  std::vector<GlobalSnapshot> globals;
+};
+
+class Worker {
+ public:
+  explicit Worker(const CudaDriver* d) : d_(d) {}
+
+  json Handle(const json& req, bool* quit) {
+    std::string cmd = req.value("cmd", "");
+    if (cmd == "init") return Init(req);
+    if (cmd == "load") return Load(req);
+    if (cmd == "run") return Run(req);
+    if (cmd == "unload") {
+      cand_.reset();
+      return {{"ok", true}};
+    }
+    if (cmd == "quit") {
+      *quit = true;
+      return {{"ok", true}};
+    }
+    return Fail("internal", "unknown request '" + cmd + "'");
+  }
+
+  bool fatal() const { return fatal_; }
+
+ private:
+  static json Fail(const std::string& status, const std::string& message, bool fatal = false) {
+    return {{"ok", false}, {"status", status}, {"message", message}, {"fatal", fatal}};
+  }
+
+  json Init(const json& req) {
+    auto ctx = PrimaryContext::Open(req.value("device", 0));
+    if (!ctx.ok()) return Fail("internal", ctx.status().message());
+    ctx_ = std::move(*ctx);
+    // Device printf is captured in the worker's log; a capped FIFO bounds a flood.
+    d_->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, req.value("printf_fifo_bytes", size_t{1} << 20));
+    auto handle = Base64Decode(req.value("ipc", ""));
+    if (!handle.ok() || handle->size() != sizeof(CUipcMemHandle)) return Fail("internal", "bad IPC handle");
+    CUipcMemHandle h;
+    std::memcpy(&h, handle->data(), sizeof h);
+    CUresult r = d_->cuIpcOpenMemHandle(&arena_, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (r != CUDA_SUCCESS) return Fail("internal", "cuIpcOpenMemHandle: " + d_->ErrorName(r));
+    for (const auto& o : req.value("outputs", json::array()))
+      outputs_.push_back({o["offset"].get<CUdeviceptr>(), o["bytes"].get<size_t>(),
+                          PoisonPattern{o["width"].get<int>(), o["pattern"].get<uint32_t>()}});
+    size_t flush = req.value("l2_flush_bytes", size_t{0});
+    if (flush) {
+      auto b = DeviceBuffer::Alloc(flush);
+      if (!b.ok()) return Fail("internal", b.status().message());
+      flush_ = std::move(*b);
+    }
+    auto e0 = Event::Create();
+    auto e1 = Event::Create();
+    if (!e0.ok() || !e1.ok()) return Fail("internal", "cuEventCreate failed");
+    start_ = std::move(*e0);
+    end_ = std::move(*e1);
+    CUdevice dev = ctx_.device();
+    auto info = QueryDevice(dev);
+    return {{"ok", true}, {"device", info.ok() ? info->name : "?"}, {"pid", getpid()}};
+  }
+
+  json Load(const json& req) {
+    cand_.reset();
+    auto image = Base64Decode(req.value("cubin", ""));
+    if (!image.ok()) return Fail("internal", "bad cubin encoding");
+    Candidate c;
+    auto m = Module::Load(*image);
+    if (!m.ok()) return Fail("launch_error", m.status().message());
+    c.module = std::move(*m);
+    for (const auto& l : req["launches"]) {
+      LaunchSpec s;
+      s.kernel = l["kernel"];
+      auto fn = c.module.Function(s.kernel);
+      if (!fn.ok()) return Fail("launch_error", fn.status().message());
+      s.fn = *fn;
+      for (int i = 0; i < 3; ++i) {
+        s.grid[i] = l["grid"][i].get<unsigned>();
+        s.block[i] = l["block"][i].get<unsigned>();
+      }
+      s.shared = l.value("shared", 0u);
+      if (l.contains("cluster") && l["cluster"].is_array())
+        s.cluster = std::array<unsigned, 3>{l["cluster"][0].get<unsigned>(), l["cluster"][1].get<unsigned>(),
+                                            l["cluster"][2].get<unsigned>()};
+      if (s.shared > 48 * 1024) {
+        CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, s.shared);
+        if (r != CUDA_SUCCESS)
+          return Fail("launch_error", s.kernel + ": cannot raise dynamic shared memory to " +
+                                          std::to_string(s.shared) + " bytes: " + d_->ErrorName(r));
+      }
+      for (const auto& a : l["args"]) {
+        ArgSpec as;
+        std::string k = a["k"];
+        if (k == "tensor") { as.kind = ArgSpec::kTensor; as.offsets = a["offsets"].get<std::vector<uint64_t>>(); }
+        else if (k == "scratch") { as.kind = ArgSpec::kScratch; as.scratch = a["i"]; }
+        else if (k == "i32") { as.kind = ArgSpec::kI32; as.i = a["v"]; }
+        else if (k == "i64") { as.kind = ArgSpec::kI64; as.i = a["v"]; }
+        else if (k == "f32") { as.kind = ArgSpec::kF32; as.f = a["v"]; }
+        else if (k == "f64") { as.kind = ArgSpec::kF64; as.f = a["v"]; }
+        else return Fail("internal", "bad argument kind " + k);
+        s.args.push_back(std::move(as));
+      }
+      c.launches.push_back(std::move(s));
+    }
+    for (const auto& b : req.value("scratch", json::array())) {
+      size_t bytes = b.get<size_t>();
+      auto buf = DeviceBuffer::Alloc(bytes + 2 * kGuardBytes);
+      if (!buf.ok()) return Fail("launch_error", "scratch of " + std::to_string(bytes) + " bytes: " + buf.status().message());
+      CUresult r = d_->cuMemsetD8(buf->get(), kGuardByte, bytes + 2 * kGuardBytes);
+      if (r != CUDA_SUCCESS) return Fail("internal", "cuMemsetD8: " + d_->ErrorName(r));
+      c.scratch.push_back(std::move(*buf));
+      c.scratch_bytes.push_back(bytes);
+    }
+    // Module-scope variables persist across launches: snapshot them now and
+    // restore before every run (stops caching results or counting calls in them).
+    for (const auto& g : req.value("globals", json::array())) {
+      GlobalSnapshot s;
+      s.name = g["name"];
+      size_t size = 0;
+      if (d_->cuModuleGetGlobal(&s.ptr, &size, c.module.get(), s.name.c_str()) != CUDA_SUCCESS) continue;
+      s.bytes.resize(size);
+      if (size && d_->cuMemcpyDtoH(s.bytes.data(), s.ptr, size) != CUDA_SUCCESS)
+        return Fail("internal", "cannot read global " + s.name);
+      c.globals.push_back(std::move(s));
+    }
+    cand_ = std::move(c);
+    return {{"ok", true}, {"globals", cand_->globals.size()}};
+  }
+
+  // Every run is prepared the same way, so a kernel cannot tell a checked run
+  // from a timed one: all runs are both.
+  json Run(const json& req) {
+    if (!cand_) return Fail("internal", "run without a loaded candidate");
+    size_t set = req.value("set", 0);
+    Candidate& c = *cand_;
+    for (const auto& g : c.globals)
+      if (!g.bytes.empty() && d_->cuMemcpyHtoD(g.ptr, g.bytes.data(), g.bytes.size()) != CUDA_SUCCESS)
+        return Sticky("restoring globals");
+    for (size_t i = 0; i < c.scratch.size(); ++i) {
+      if (d_->cuMemsetD32(c.scratch[i].get() + kGuardBytes, kScratchFill, c.scratch_bytes[i] / 4) != CUDA_SUCCESS)
+        return Sticky("filling scratch");
+    }
+    for (const auto& o : outputs_) {
+      CUdeviceptr p = arena_ + o.offset;
+      CUresult r = o.poison.width == 4   ? d_->cuMemsetD32(p, o.poison.pattern, o.bytes / 4)
+                   : o.poison.width == 2 ? d_->cuMemsetD16(p, static_cast<uint16_t>(o.poison.pattern), o.bytes / 2)
+                                         : d_->cuMemsetD8(p, static_cast<uint8_t>(o.poison.pattern), o.bytes);
+      if (r != CUDA_SUCCESS) return Sticky("poisoning outputs");
+    }
+    // Flush L2 so every run starts cold, as the reference's runs do.
+    if (flush_.get()) d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(++runs_), flush_.bytes() / 4);
+    if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("before the run", r);
+
+    std::vector<std::array<unsigned char, 8>> storage;
+    std::vector<void*> params;
+    d_->cuEventRecord(start_.get(), nullptr);
+    for (const auto& l : c.launches) {
+      storage.assign(l.args.size(), {});
+      params.assign(l.args.size(), nullptr);
+      for (size_t i = 0; i < l.args.size(); ++i) {
+        const ArgSpec& a = l.args[i];
+        unsigned char* p = storage[i].data();
+        switch (a.kind) {
+          case ArgSpec::kTensor: {
+            uint64_t off = a.offsets.size() > set ? a.offsets[set] : a.offsets[0];
+            CUdeviceptr v = arena_ + off;
+            std::memcpy(p, &v, 8);
+            break;
+          }
+          case ArgSpec::kScratch: {
+            CUdeviceptr v = c.scratch[a.scratch].get() + kGuardBytes;
+            std::memcpy(p, &v, 8);
+            break;
+          }
+          case ArgSpec::kI32: { int32_t v = static_cast<int32_t>(a.i); std::memcpy(p, &v, 4); break; }
+          case ArgSpec::kI64: { int64_t v = a.i; std::memcpy(p, &v, 8); break; }
+          case ArgSpec::kF32: { float v = static_cast<float>(a.f); std::memcpy(p, &v, 4); break; }
+          case ArgSpec::kF64: { double v = a.f; std::memcpy(p, &v, 8); break; }
+        }
+        params[i] = p;
+      }
+      CUresult r;
+      if (l.cluster) {
+        CUlaunchAttribute attr;
+        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = (*l.cluster)[0];
+        attr.value.clusterDim.y = (*l.cluster)[1];
+        attr.value.clusterDim.z = (*l.cluster)[2];
+        CUlaunchConfig cfg{};
+        cfg.gridDimX = l.grid[0]; cfg.gridDimY = l.grid[1]; cfg.gridDimZ = l.grid[2];
+        cfg.blockDimX = l.block[0]; cfg.blockDimY = l.block[1]; cfg.blockDimZ = l.block[2];
+        cfg.sharedMemBytes = l.shared;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        r = d_->cuLaunchKernelEx(&cfg, l.fn, params.data(), nullptr);
+      } else {
+        r = d_->cuLaunchKernel(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared,
+                               nullptr, params.data(), nullptr);
+      }
+      if (r != CUDA_SUCCESS) {
+        // A launch refused up front (too many resources, bad config) leaves the
+        // context usable; anything sticky shows up at the synchronize.
+        CUresult s = d_->cuCtxSynchronize();
+        if (s != CUDA_SUCCESS) return Sticky("launching " + l.kernel, s);
+        return Fail("launch_error", "launching " + l.kernel + ": " + d_->ErrorName(r));
+      }
+    }
+    // Device-wide sync before the end event: work a kernel pushed elsewhere
+    // (other streams, device-side launches) lands inside the timed window.
+    if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("running the plan", r);
+    d_->cuEventRecord(end_.get(), nullptr);
+    if (CUresult r = d_->cuEventSynchronize(end_.get()); r != CUDA_SUCCESS) return Sticky("timing", r);
+    float ms = 0;
+    d_->cuEventElapsedTime(&ms, start_.get(), end_.get());
+    // Guard regions around scratch: a write past either end is a memory error.
+    std::string guard(kGuardBytes, '\0');
+    for (size_t i = 0; i < c.scratch.size(); ++i) {
+      for (size_t where : {size_t{0}, kGuardBytes + c.scratch_bytes[i]}) {
+        if (d_->cuMemcpyDtoH(guard.data(), c.scratch[i].get() + where, kGuardBytes) != CUDA_SUCCESS)
+          return Sticky("checking scratch guards");
+        for (char ch : guard)
+          if (static_cast<uint8_t>(ch) != kGuardByte)
+            return Fail("runtime_error", std::string("wrote ") + (where ? "past the end" : "before the start") +
+                                             " of scratch buffer #" + std::to_string(i));
+      }
+    }
+    return {{"ok", true}, {"ms", ms}};
+  }
+
+  json Sticky(const std::string& what, CUresult r = CUDA_ERROR_UNKNOWN) {
+    fatal_ = true;
+    return Fail("runtime_error", what + ": " + d_->ErrorName(r), true);
+  }
+
+  const CudaDriver* d_;
+  PrimaryContext ctx_;
+  CUdeviceptr arena_ = 0;
+  std::vector<OutputRegion> outputs_;
+  DeviceBuffer flush_;
+  Event start_, end_;
+  std::optional<Candidate> cand_;
+  uint64_t runs_ = 0;
+  bool fatal_ = false;
+};
+
+}  // namespace
+
+int WorkerServe(int argc, char** argv) {
+  // Replies go to a private copy of stdout; stdout itself (where device printf
+  // writes) is pointed at stderr, which the evaluator captures and caps.
+  int proto_fd = dup(1);
+  dup2(2, 1);
+  auto d = CudaDriver::Get();
+  if (!d.ok()) {
+    (void)SendMessage(proto_fd, {{"ok", false}, {"status", "internal"}, {"message", d.status().message()}, {"fatal", true}});
+    return 3;
+  }
+  Worker w(*d);
+  for (;;) {
+    auto req = ReceiveMessage(0, -1);
+    if (!req.ok()) return 0;  // the evaluator went away
+    bool quit = false;
+    json reply = w.Handle(*req, &quit);
+    fflush(stdout);
+    if (!SendMessage(proto_fd, reply).ok()) return 0;
+    if (quit) return 0;
+    if (w.fatal()) _exit(3);  // skip destructors: the context is broken
+  }
+}
+
+}  // namespace ks

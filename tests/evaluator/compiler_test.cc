@@ -1,0 +1,171 @@
+#include "evaluator/compiler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace ks {
+namespace {
+
+using ::testing::HasSubstr;
+
+CompileOptions Opts() {
+  CompileOptions o;
+  o.worker_path = KS_WORKER_PATH;
+  return o;
+}
+
+TEST(CompilerTest, CompilesAndReportsParametersAndResources) {
+  auto r = CompileCandidate(R"(
+extern "C" __global__ void scale(const float* __restrict__ x, float* out, int n, float a, long long m, double d) {
+  __shared__ float tile[256];
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  tile[threadIdx.x] = i < n ? x[i] : 0.f;
+  __syncthreads();
+  if (i < n) out[i] = tile[threadIdx.x] * a + (float)(m + d);
+}
+__device__ int calls;
+__device__ float table[16];
+)", Opts());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->ok) << r->message << "\n" << r->log;
+  ASSERT_EQ(r->kernels.size(), 1u);
+  const KernelInfo& k = r->kernels[0];
+  EXPECT_EQ(k.name, "scale");
+  ASSERT_EQ(k.params.size(), 6u);
+  EXPECT_EQ(k.params[0].kind, ParamKind::kB64);
+  EXPECT_EQ(k.params[2].kind, ParamKind::kB32);
+  EXPECT_EQ(k.params[3].kind, ParamKind::kF32);
+  EXPECT_EQ(k.params[4].kind, ParamKind::kB64);
+  EXPECT_EQ(k.params[5].kind, ParamKind::kF64);
+  EXPECT_GT(k.resources.registers, 0);
+  EXPECT_EQ(k.resources.static_shared_bytes, 1024);
+  EXPECT_FALSE(r->cubin.empty());
+  bool has_calls = false, has_table = false;
+  for (const auto& g : r->globals) {
+    has_calls |= g.name == "calls" && g.size == 4;
+    has_table |= g.name == "table" && g.size == 64;
+  }
+  EXPECT_TRUE(has_calls);
+  EXPECT_TRUE(has_table);
+}
+
+TEST(CompilerTest, TheHeadersModelsUseAndCommonMacrosWork) {
+  auto r = CompileCandidate(R"(
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+#include <cooperative_groups.h>
+#include <cuda/pipeline>
+#include <cuda/barrier>
+namespace cg = cooperative_groups;
+extern "C" __global__ void k(const __half* x, __nv_bfloat16* y, float* z) {
+  auto block = cg::this_thread_block();
+  float v = __half2float(x[threadIdx.x]);
+  y[threadIdx.x] = __float2bfloat16(v);
+  z[threadIdx.x] = fmaxf(v, -INFINITY) + FLT_MAX * 0.f + (float)M_PI * 0.f;
+  block.sync();
+}
+)", Opts());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok) << r->message << "\n" << r->log;
+}
+
+TEST(CompilerTest, ASpillingKernelReportsSpillBytes) {
+  // A large register array indexed at run time, with a register cap, lands in local memory.
+  auto r = CompileCandidate(R"(
+extern "C" __global__ void __launch_bounds__(1024, 2) spill(const float* x, float* out, int n) {
+  float acc[256];
+  #pragma unroll
+  for (int i = 0; i < 256; ++i) acc[i] = x[(threadIdx.x + i) % n];
+  float s = 0.f;
+  for (int r = 0; r < 4; ++r)
+    #pragma unroll
+    for (int i = 0; i < 256; ++i) s += acc[i] * acc[(i * 7 + r) % 256];
+  out[threadIdx.x] = s + acc[n % 256];
+}
+)", Opts());
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->ok) << r->message;
+  const auto& res = r->kernels[0].resources;
+  EXPECT_GT(res.stack_frame_bytes + res.spill_store_bytes, 0) << r->log;
+}
+
+TEST(CompilerTest, ACompileErrorIsAResultWithTheLog) {
+  auto r = CompileCandidate("extern \"C\" __global__ void k(float* x) { x[0] = undefined_thing; }", Opts());
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->ok);
+  EXPECT_THAT(r->message, HasSubstr("undefined_thing"));
+  EXPECT_THAT(r->log, HasSubstr("error"));
+}
+
+TEST(CompilerTest, IncludesOutsideTheCudaTreeAreRefused) {
+  for (const char* src : {"#include \"/etc/passwd\"\n", "#include <../../../etc/passwd>\n",
+                          "#define P \"/etc/passwd\"\n#include P\n", "#  include <stdio.h>\n",
+                          "#inc\\\nlude \"/etc/passwd\"\n", "# /* hidden */ include \"/etc/shadow\"\n",
+                          "#include_next <cuda_fp16.h>\n"}) {
+    auto r = CompileCandidate(std::string(src) + "extern \"C\" __global__ void k() {}\n", Opts());
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->ok) << src;
+    EXPECT_THAT(r->message, HasSubstr("line ")) << src;
+  }
+}
+
+TEST(CompilerTest, OversizedSourceIsRefusedBeforeCompiling) {
+  CompileOptions o = Opts();
+  o.max_source_bytes = 1000;
+  auto r = CompileCandidate(std::string(2000, ' ') + "extern \"C\" __global__ void k() {}", o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->ok);
+  EXPECT_THAT(r->message, HasSubstr("limit"));
+}
+
+TEST(CompilerTest, DeviceSideLaunchesAreRefused) {
+  auto r = CompileCandidate(R"(
+extern "C" __global__ void child(float* x) { x[threadIdx.x] = 1.f; }
+extern "C" __global__ void parent(float* x) { child<<<1, 32>>>(x); }
+)", Opts());
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->ok);
+}
+
+TEST(CompilerTest, ACompilerThatRunsTooLongIsStopped) {
+  CompileOptions o = Opts();
+  o.timeout_s = 2;
+  // Each level inlines two copies of the level below: 2^40 inlined calls.
+  auto r = CompileCandidate(R"(
+template <int N> struct U {
+  __device__ __forceinline__ static float f(const float* x, float a) {
+    return U<N - 1>::f(x, U<N - 1>::f(x, a) * 1.0001f + x[N & 1023]);
+  }
+};
+template <> struct U<0> { __device__ __forceinline__ static float f(const float*, float a) { return a; } };
+extern "C" __global__ void k(float* x) { x[1] = U<40>::f(x, x[0]); }
+)", o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->ok);
+  EXPECT_THAT(r->message, HasSubstr("timed out"));
+  EXPECT_LE(r->seconds, 10.0);
+}
+
+TEST(PtxParseTest, StructParametersAndNoParameters) {
+  const char* ptx = R"(
+.visible .entry tma(
+	.param .align 64 .b8 tma_param_0[128],
+	.param .u64 .ptr .global .align 8 tma_param_1
+)
+{ ret; }
+.visible .entry empty()
+{ ret; }
+)";
+  auto k = ParsePtxEntries(ptx);
+  ASSERT_TRUE(k.ok());
+  ASSERT_EQ(k->size(), 2u);
+  EXPECT_EQ((*k)[0].params[0].kind, ParamKind::kBytes);
+  EXPECT_EQ((*k)[0].params[0].size, 128);
+  EXPECT_EQ((*k)[0].params[0].align, 64);
+  EXPECT_EQ((*k)[0].params[1].kind, ParamKind::kB64);
+  EXPECT_TRUE((*k)[1].params.empty());
+}
+
+}  // namespace
+}  // namespace ks
