@@ -35,5 +35,6 @@ std::string DataDir();
 // Registration functions, one per cmd_*.cc.
 void RegisterProblemCommands(CLI::App& app);
 void RegisterCompileCommand(CLI::App& app);
+void RegisterLlmCommands(CLI::App& app);
 
 }  // namespace ks::cli

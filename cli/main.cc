@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kernelsearch 0.1.0");
   RegisterProblemCommands(app);
   RegisterCompileCommand(app);
+  RegisterLlmCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

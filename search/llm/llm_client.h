@@ -2,6 +2,8 @@
 // leaves. Backends: openai, anthropic, replay:FILE, command:CMD (llm_factory.h).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -15,6 +17,10 @@ struct LlmRequest {
   std::string prompt;  // the user message
   double temperature = 0.7;
   int max_tokens = 8192;
+  // Borrowed, may be null; must outlive the call. When it becomes true the call
+  // stops (between retries, while waiting for a concurrency slot, and during a
+  // transfer) and returns Cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // One call, successful or not. Keys never appear here.
@@ -25,13 +31,19 @@ struct LlmCallRecord {
   std::string system;
   std::string prompt;
   std::string response;       // the completion text ("" on failure)
-  std::string finish_reason;  // "stop", "length", ...
+  // Normalized across APIs: "stop" for a natural end, "length" when the reply
+  // hit the token limit (openai finish_reason=length, anthropic
+  // stop_reason=max_tokens): the text is returned but is probably cut short.
+  // Other values are passed through as the API gave them.
+  std::string finish_reason;
   int64_t tokens_in = 0;
   int64_t tokens_out = 0;
-  double latency_s = 0;
+  double latency_s = 0;  // wall clock of the whole call, retries and waits included
   double cost_usd = 0;
-  int attempts = 0;
+  int attempts = 0;      // HTTP requests sent (or commands run); 0 when none was
   std::string error;  // "" on success
+
+  bool truncated() const { return finish_reason == "length"; }
 };
 
 class LlmClient {

@@ -1,0 +1,189 @@
+#include "search/llm/prompts.h"
+
+#include <fmt/format.h>
+
+namespace ks {
+namespace {
+
+constexpr size_t kMaxLogChars = 6000;  // the first compiler errors are the ones that matter
+
+std::string Shape(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string Capped(const std::string& text, size_t max_chars) {
+  if (text.size() <= max_chars) return text;
+  return text.substr(0, max_chars) + "\n[... " + std::to_string(text.size() - max_chars) + " more characters]";
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", b / 1048576.0);
+  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+std::string Timing(const TimingStats& t) {
+  return fmt::format("median {:.4f} ms (min {:.4f}, max {:.4f}, stddev {:.4f}, {} runs)", t.median_ms, t.min_ms,
+                     t.max_ms, t.stddev_ms, t.runs);
+}
+
+TemplateVars ProblemVars(const ProblemContext& p) {
+  TemplateVars v;
+  v.Set("problem_name", p.name.empty() ? p.signature.name : p.name);
+  v.Set("problem_source", p.source);
+  v.Set("signature_table", SignatureTable(p.signature));
+  v.Set("gpu_facts", GpuFactsText(p.gpu));
+  return v;
+}
+
+void SetParentVars(const ParentKernel& parent, TemplateVars* v) {
+  if (parent.candidate) {
+    v->Set("parent_description",
+           "The best correct kernel so far in this lineage. Improve on it; you may also restructure it entirely.");
+    v->Set("parent_code", "```cuda\n" + parent.candidate->source + "\n```\n\n```json\n" + parent.candidate->plan_json +
+                              "\n```");
+  } else {
+    v->Set("parent_description",
+           "No kernel yet: the starting point is the PyTorch reference above, run eagerly (and with "
+           "torch.compile for comparison).");
+    v->Set("parent_code", "(no kernel source yet)");
+  }
+  v->Set("parent_measurements", MeasurementsText(parent));
+}
+
+StatusOr<RenderedPrompt> Render(const PromptLibrary& lib, const std::string& name, const TemplateVars& v) {
+  RenderedPrompt out;
+  KS_ASSIGN_OR_RETURN(out.system, lib.Render("system", v));
+  KS_ASSIGN_OR_RETURN(out.user, lib.Render(name, v));
+  return out;
+}
+
+}  // namespace
+
+LlmRequest RenderedPrompt::ToRequest(const std::string& role) const {
+  LlmRequest r;
+  r.role = role;
+  r.system = system;
+  r.prompt = user;
+  return r;
+}
+
+std::string SignatureTable(const Signature& sig) {
+  std::string out = "| kind | name | dtype | shape / value |\n|---|---|---|---|\n";
+  auto rows = [&](const char* kind, const std::vector<TensorSpec>& specs) {
+    for (const auto& t : specs) {
+      std::string what = t.is_scalar ? fmt::format("scalar = {}", t.scalar_value)
+                                     : Shape(t.shape) + " (" + std::to_string(t.numel()) + " elements, " +
+                                           Bytes(t.bytes()) + ")";
+      out += fmt::format("| {} | `{}` | {} | {} |\n", kind, t.name, DTypeName(t.dtype), what);
+    }
+  };
+  rows("input", sig.inputs);
+  rows("parameter", sig.parameters);
+  rows("output", sig.outputs);
+  out += fmt::format("\nMinimum memory traffic (every input and parameter read once, every output written once): {}.",
+                     Bytes(sig.MinimumBytes()));
+  if (sig.flops) out += fmt::format(" Useful work per call: {:.4g} FLOP.", *sig.flops);
+  if (sig.tolerance) out += fmt::format(" Tolerance: atol {:g}, rtol {:g}.", sig.tolerance->atol, sig.tolerance->rtol);
+  if (!sig.description.empty()) out += "\n\n" + sig.description;
+  return out;
+}
+
+std::string GpuFactsText(const GpuFacts& g) {
+  std::string out = fmt::format("- {} (compute capability {}), {} SMs\n", g.name, g.compute_capability, g.sm_count);
+  out += "- Shared memory: " + Bytes(g.shared_bytes_per_block) + " per block (opt-in maximum)";
+  if (g.shared_bytes_per_sm) out += ", " + Bytes(g.shared_bytes_per_sm) + " per SM";
+  out += "\n- L2 cache: " + Bytes(g.l2_bytes) + "\n";
+  if (g.registers_per_sm) out += fmt::format("- Registers: {} per SM\n", g.registers_per_sm);
+  out += fmt::format("- Memory bandwidth (measured): {:.0f} GB/s\n", g.memory_bandwidth_gbps);
+  out += fmt::format("- FP32 peak: {:.1f} TFLOP/s", g.fp32_tflops);
+  if (g.fp16_tensor_tflops) out += fmt::format("; FP16/BF16 tensor-core peak: {:.0f} TFLOP/s", g.fp16_tensor_tflops);
+  return out;
+}
+
+std::string MeasurementsText(const ParentKernel& parent) {
+  std::string out;
+  if (!parent.evaluation) {
+    if (parent.eager) out += "- PyTorch eager: " + Timing(*parent.eager) + "\n";
+    if (parent.compiled) out += "- torch.compile: " + Timing(*parent.compiled) + "\n";
+    return out.empty() ? "(no measurements yet)" : out;
+  }
+  const Evaluation& e = *parent.evaluation;
+  out += std::string("- Status: ") + EvalStatusName(e.status) + (e.device.empty() ? "" : " on " + e.device) + "\n";
+  if (e.timing) out += "- Time: " + Timing(*e.timing) + "\n";
+  if (e.eager) out += "- PyTorch eager: " + Timing(*e.eager) + "\n";
+  if (e.compiled) out += "- torch.compile: " + Timing(*e.compiled) + "\n";
+  if (e.speedup_eager) out += fmt::format("- Speedup over eager: {:.2f}x\n", *e.speedup_eager);
+  if (e.speedup_compile) out += fmt::format("- Speedup over torch.compile: {:.2f}x\n", *e.speedup_compile);
+  if (e.roofline) {
+    const Roofline& r = *e.roofline;
+    out += fmt::format("- Roofline: {:.0f} GB/s", r.achieved_gbps);
+    if (r.flops > 0) out += fmt::format(", {:.2f} TFLOP/s", r.achieved_tflops);
+    out += fmt::format("; the floor is {:.4f} ms, so this runs at {:.0f}% of the achievable speed\n", r.floor_ms,
+                       100 * r.fraction_of_floor);
+  }
+  for (const auto& k : e.resources)
+    out += fmt::format("- Kernel `{}`: {} registers/thread, {} static shared, {} B stack, spills {} B store / {} B load\n",
+                       k.kernel, k.registers, Bytes(k.static_shared_bytes), k.stack_frame_bytes, k.spill_store_bytes,
+                       k.spill_load_bytes);
+  for (const auto& l : e.launches)
+    out += fmt::format("- Launch `{}`: grid ({}, {}, {}), block ({}, {}, {}), {} dynamic shared\n", l.kernel, l.grid[0],
+                       l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], Bytes(l.shared_bytes));
+  return out;
+}
+
+std::string FailureDetails(const Evaluation& e) {
+  std::string out = e.message.empty() ? "" : e.message + "\n";
+  switch (e.status) {
+    case EvalStatus::kCompileError:
+      out += "\nCompiler log:\n```\n" + Capped(e.compile_log, kMaxLogChars) + "\n```";
+      break;
+    case EvalStatus::kIncorrect:
+      for (const auto& o : e.errors)
+        out += fmt::format(
+            "- Output `{}` (input set {}): max abs error {:.3g}, max rel error {:.3g}, relative norm {:.3g}; "
+            "{} elements outside tolerance (first at flat index {}), {} never written, {} NaN/Inf where the "
+            "reference is finite\n",
+            o.name, o.input_set, o.max_abs, o.max_rel, o.rel_norm, o.mismatches, o.first_mismatch, o.unwritten,
+            o.nan_mismatches);
+      break;
+    case EvalStatus::kCorrect:
+      out += "(the candidate is correct)";
+      break;
+    default:
+      if (!e.worker_log.empty()) out += "\nWorker log:\n```\n" + Capped(e.worker_log, kMaxLogChars) + "\n```";
+      break;
+  }
+  return out.empty() ? std::string("(no details)") : out;
+}
+
+StatusOr<RenderedPrompt> RenderIdeasPrompt(const PromptLibrary& lib, const IdeasPromptInputs& in) {
+  TemplateVars v = ProblemVars(in.problem);
+  SetParentVars(in.parent, &v);
+  std::vector<TemplateRecord> tried;
+  for (const auto& t : in.tried) tried.push_back({{"idea", t.idea}, {"outcome", t.outcome}});
+  v.SetList("tried_ideas", std::move(tried));
+  v.Set("num_ideas", std::to_string(in.num_ideas));
+  return Render(lib, "ideas", v);
+}
+
+StatusOr<RenderedPrompt> RenderImplementPrompt(const PromptLibrary& lib, const ImplementPromptInputs& in) {
+  TemplateVars v = ProblemVars(in.problem);
+  SetParentVars(in.parent, &v);
+  v.Set("idea", in.idea);
+  return Render(lib, "implement", v);
+}
+
+StatusOr<RenderedPrompt> RenderRepairPrompt(const PromptLibrary& lib, const RepairPromptInputs& in) {
+  TemplateVars v = ProblemVars(in.problem);
+  v.Set("idea", in.idea);
+  v.Set("candidate_source", in.candidate.source);
+  v.Set("candidate_plan", in.candidate.plan_json);
+  v.Set("failure_status", EvalStatusName(in.evaluation.status));
+  v.Set("failure_details", FailureDetails(in.evaluation));
+  return Render(lib, "repair", v);
+}
+
+}  // namespace ks

@@ -1,0 +1,95 @@
+// The three prompts of a search round (prompts/ideas.md, implement.md,
+// repair.md, with system.md as the system prompt), built from typed inputs so
+// that the search cannot forget a fact the model needs. Also the pieces they
+// are made of, as plain text. Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "evaluator/evaluation.h"
+#include "evaluator/signature.h"
+#include "search/llm/llm_client.h"
+#include "search/llm/prompt_template.h"
+
+namespace ks {
+
+// What the model should know about the target GPU. Peaks are the measured ones
+// where the evaluator measured them.
+struct GpuFacts {
+  std::string name;                        // "NVIDIA H100 80GB HBM3"
+  std::string compute_capability;          // "9.0"
+  int sm_count = 0;
+  int64_t shared_bytes_per_block = 0;      // opt-in maximum per block
+  int64_t shared_bytes_per_sm = 0;         // 0: unknown
+  int64_t l2_bytes = 0;
+  int registers_per_sm = 0;                // 0: unknown
+  double memory_bandwidth_gbps = 0;        // measured
+  double fp32_tflops = 0;                  // measured or datasheet
+  double fp16_tensor_tflops = 0;           // 0: unknown
+};
+
+// The kernel a round starts from: a correct candidate with its evaluation, or
+// the PyTorch reference itself (candidate and evaluation absent).
+struct ParentKernel {
+  std::optional<Candidate> candidate;
+  std::optional<Evaluation> evaluation;
+  // Reference timings, shown when the parent is the reference itself.
+  std::optional<TimingStats> eager;
+  std::optional<TimingStats> compiled;
+};
+
+struct TriedIdea {
+  std::string idea;
+  std::string outcome;  // "correct, 1.9x over the parent", "incorrect: max abs 3e-1", ...
+};
+
+struct ProblemContext {
+  std::string name;          // the signature's name
+  std::string source;        // the problem .py as text
+  Signature signature;
+  GpuFacts gpu;
+};
+
+struct IdeasPromptInputs {
+  ProblemContext problem;
+  ParentKernel parent;
+  std::vector<TriedIdea> tried;  // in this lineage, from this parent
+  int num_ideas = 4;
+};
+
+struct ImplementPromptInputs {
+  ProblemContext problem;
+  ParentKernel parent;
+  std::string idea;
+};
+
+struct RepairPromptInputs {
+  ProblemContext problem;
+  std::string idea;
+  Candidate candidate;     // the one that failed
+  Evaluation evaluation;   // why it failed
+};
+
+struct RenderedPrompt {
+  std::string system;
+  std::string user;
+  // A request with role, system and prompt set (temperature and max tokens at
+  // their defaults; the backend's config may override them).
+  LlmRequest ToRequest(const std::string& role) const;
+};
+
+StatusOr<RenderedPrompt> RenderIdeasPrompt(const PromptLibrary& lib, const IdeasPromptInputs& in);
+StatusOr<RenderedPrompt> RenderImplementPrompt(const PromptLibrary& lib, const ImplementPromptInputs& in);
+StatusOr<RenderedPrompt> RenderRepairPrompt(const PromptLibrary& lib, const RepairPromptInputs& in);
+
+// The pieces, as the templates get them.
+std::string SignatureTable(const Signature& sig);     // a markdown table
+std::string GpuFactsText(const GpuFacts& gpu);         // a bullet list
+std::string MeasurementsText(const ParentKernel& parent);
+std::string FailureDetails(const Evaluation& e);       // compile log, plan error or mismatch figures
+
+}  // namespace ks

@@ -1,0 +1,248 @@
+// Prompt templates render completely with a real problem and a realistic
+// evaluation, fail loudly when a variable is missing, and the reply parsers
+// read what models actually write.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "common/files.h"
+#include "search/llm/prompt_template.h"
+#include "search/llm/prompts.h"
+#include "search/llm/response_parser.h"
+
+namespace ks {
+namespace {
+
+PromptLibrary Library() {
+  auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+  EXPECT_TRUE(lib.ok()) << lib.status().ToString();
+  return lib.ok() ? *lib : PromptLibrary();
+}
+
+// problems/layernorm_large.py as the reference bridge describes it.
+ProblemContext LayerNormProblem() {
+  ProblemContext p;
+  p.name = "layernorm_large";
+  auto src = ReadFile(std::string(KS_SOURCE_DIR) + "/problems/layernorm_large.py");
+  EXPECT_TRUE(src.ok()) << src.status().ToString();
+  p.source = src.ok() ? *src : "";
+  auto sig = SignatureFromJson(nlohmann::json::parse(R"({
+    "file": "problems/layernorm_large.py", "name": "layernorm_large",
+    "description": "LayerNorm over the last three dims (64,256,256) of a 16x64x256x256 fp32 tensor",
+    "inputs": [{"name": "x", "dtype": "float32", "shape": [16, 64, 256, 256], "strides": [4194304, 65536, 256, 1]}],
+    "parameters": [
+      {"name": "ln.weight", "dtype": "float32", "shape": [64, 256, 256], "strides": [65536, 256, 1]},
+      {"name": "ln.bias", "dtype": "float32", "shape": [64, 256, 256], "strides": [65536, 256, 1]}],
+    "outputs": [{"name": "out", "dtype": "float32", "shape": [16, 64, 256, 256], "strides": [4194304, 65536, 256, 1]}]
+  })"));
+  EXPECT_TRUE(sig.ok()) << sig.status().ToString();
+  if (sig.ok()) p.signature = *sig;
+  p.gpu = {"NVIDIA H100 80GB HBM3", "9.0", 132, 232448, 233472, 52428800, 65536, 3010, 51.2, 989};
+  return p;
+}
+
+Candidate SeedCandidate() {
+  return {"extern \"C\" __global__ void row_stats(const float* x, double* partial, long long rows, long long n) {}\n",
+          R"({"launches": [{"kernel": "row_stats", "grid": ["x.shape[0]"], "block": [256], "args": ["x", "partial", "x.shape[0]", "x.numel"]}], "scratch": [{"name": "partial", "bytes": "x.shape[0] * 16"}]})"};
+}
+
+Evaluation MeasuredEvaluation() {
+  Evaluation e;
+  e.status = EvalStatus::kCorrect;
+  e.device = "NVIDIA H100 80GB HBM3";
+  e.timing = TimingStats{1.234, 1.25, 1.2, 1.3, 0.02, 100};
+  e.eager = TimingStats{2.5, 2.5, 2.4, 2.6, 0.03, 100};
+  e.compiled = TimingStats{1.8, 1.8, 1.7, 1.9, 0.03, 100};
+  e.speedup_eager = 2.5 / 1.234;
+  e.speedup_compile = 1.8 / 1.234;
+  e.roofline = Roofline{5.4e8, 0, 437.6, 0, 0.179, 0.151};
+  e.resources = {{"row_stats", 40, 2048, 0, 0, 0}};
+  ResolvedLaunch l;
+  l.kernel = "row_stats";
+  l.grid[0] = 16;
+  l.block[0] = 256;
+  e.launches = {l};
+  return e;
+}
+
+TEST(LlmPromptTest, IdeasPromptHasEverythingTheModelNeeds) {
+  PromptLibrary lib = Library();
+  IdeasPromptInputs in;
+  in.problem = LayerNormProblem();
+  in.parent.candidate = SeedCandidate();
+  in.parent.evaluation = MeasuredEvaluation();
+  in.tried = {{"vectorized float4 loads", "correct, 1.3x over the parent"},
+              {"one block per row with a tree reduction", "incorrect: max abs error 0.4"}};
+  in.num_ideas = 5;
+  auto p = RenderIdeasPrompt(lib, in);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string& u = p->user;
+  for (const char* needle :
+       {"class Model(torch.nn.Module)", "| input | `x` | float32 | [16, 64, 256, 256]", "`ln.weight`",
+        "NVIDIA H100 80GB HBM3", "132 SMs", "227.0 KiB per block", "50.0 MiB", "3010 GB/s", "51.2 TFLOP/s",
+        "extern \"C\" __global__", "NVRTC", "\"launches\"", "cdiv(", "row_stats", "median 1.2340 ms",
+        "Speedup over eager: 2.03x", "15% of the achievable speed", "40 registers/thread",
+        "- vectorized float4 loads → correct, 1.3x over the parent",
+        "one block per row with a tree reduction → incorrect", "Propose 5 distinct ideas", "```json"})
+    EXPECT_NE(u.find(needle), std::string::npos) << "missing: " << needle;
+  EXPECT_EQ(u.find("None yet."), std::string::npos);
+  EXPECT_EQ(u.find("{{"), std::string::npos);
+  EXPECT_NE(p->system.find("CUDA"), std::string::npos);
+  LlmRequest req = p->ToRequest("ideas");
+  EXPECT_EQ(req.role, "ideas");
+  EXPECT_EQ(req.prompt, u);
+}
+
+TEST(LlmPromptTest, IdeasPromptFromTheReferenceWithNothingTried) {
+  IdeasPromptInputs in;
+  in.problem = LayerNormProblem();
+  in.parent.eager = TimingStats{2.5, 2.5, 2.4, 2.6, 0.03, 100};
+  auto p = RenderIdeasPrompt(Library(), in);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_NE(p->user.find("None yet."), std::string::npos);
+  EXPECT_NE(p->user.find("PyTorch eager: median 2.5000 ms"), std::string::npos);
+  EXPECT_NE(p->user.find("No kernel yet"), std::string::npos);
+}
+
+TEST(LlmPromptTest, ImplementAndRepairPromptsRender) {
+  PromptLibrary lib = Library();
+  ImplementPromptInputs im;
+  im.problem = LayerNormProblem();
+  im.parent.candidate = SeedCandidate();
+  im.parent.evaluation = MeasuredEvaluation();
+  im.idea = "Two-pass Welford with float4 loads and one block per 4096-element chunk";
+  auto p = RenderImplementPrompt(lib, im);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_NE(p->user.find(im.idea), std::string::npos);
+  EXPECT_NE(p->user.find("```cuda block"), std::string::npos);
+  EXPECT_EQ(p->user.find("{{"), std::string::npos);
+
+  RepairPromptInputs rp;
+  rp.problem = LayerNormProblem();
+  rp.idea = im.idea;
+  rp.candidate = SeedCandidate();
+  rp.evaluation.status = EvalStatus::kCompileError;
+  rp.evaluation.message = "NVRTC failed";
+  rp.evaluation.compile_log = "kernel.cu(3): error: identifier \"blockDimx\" is undefined";
+  auto r = RenderRepairPrompt(lib, rp);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->user.find("What went wrong: compile_error"), std::string::npos);
+  EXPECT_NE(r->user.find("identifier \"blockDimx\" is undefined"), std::string::npos);
+  EXPECT_NE(r->user.find("long long rows"), std::string::npos);
+
+  rp.evaluation = Evaluation{};
+  rp.evaluation.status = EvalStatus::kIncorrect;
+  OutputError oe;
+  oe.name = "out";
+  oe.max_abs = 0.4;
+  oe.mismatches = 1024;
+  oe.first_mismatch = 65536;
+  rp.evaluation.errors = {oe};
+  r = RenderRepairPrompt(lib, rp);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->user.find("1024 elements outside tolerance (first at flat index 65536)"), std::string::npos);
+}
+
+TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
+  PromptLibrary lib = Library();
+  TemplateVars v;
+  for (const char* name :
+       {"problem_name", "problem_source", "signature_table", "gpu_facts", "parent_description", "parent_code",
+        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status",
+        "failure_details"})
+    v.Set(name, std::string("<") + name + ">");
+  v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
+  std::vector<std::string> names = lib.Names();
+  for (const char* expected : {"system", "contract", "ideas", "implement", "repair"})
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
+  for (const auto& name : names) {
+    auto out = lib.Render(name, v);
+    ASSERT_TRUE(out.ok()) << name << ": " << out.status().ToString();
+    EXPECT_EQ(out->find("{{"), std::string::npos) << name;
+    EXPECT_FALSE(out->empty()) << name;
+  }
+}
+
+TEST(LlmPromptTest, RenderingFailsLoudly) {
+  PromptLibrary lib = Library();
+  TemplateVars v;
+  v.Set("problem_name", "x");
+  auto missing = lib.Render("ideas", v);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing variable"), std::string::npos) << missing.status().message();
+  auto unknown = lib.Render("no_such_template", v);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), Code::kNotFound);
+
+  EXPECT_FALSE(RenderTemplateText("{{#xs}}open", TemplateVars().SetList("xs", {{}})).ok());
+  EXPECT_FALSE(RenderTemplateText("{{name}", TemplateVars().Set("name", "a")).ok());
+  EXPECT_FALSE(RenderTemplateText("{{/xs}}", TemplateVars()).ok());
+  EXPECT_FALSE(RenderTemplateText("{{xs}}", TemplateVars().SetList("xs", {})).ok());   // list as string
+  EXPECT_FALSE(RenderTemplateText("{{#s}}{{/s}}", TemplateVars().Set("s", "a")).ok());  // string as list
+  EXPECT_FALSE(RenderTemplateText("{{> contract}}", TemplateVars()).ok());               // no library
+}
+
+TEST(LlmPromptTest, SectionsRepeatAndFallBack) {
+  TemplateVars v;
+  v.Set("who", "A");
+  v.SetList("xs", {{{"n", "1"}}, {{"n", "2"}}});
+  v.SetList("none", {});
+  auto out = RenderTemplateText("{{#xs}}[{{n}}{{who}}]{{/xs}}{{^xs}}empty{{/xs}}{{#none}}{{gone}}{{/none}}{{^none}}E{{/none}}", v);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, "[1A][2A]E");
+}
+
+TEST(LlmParseTest, IdeasFromFencedListWithProse) {
+  auto ideas = ParseIdeas(
+      "Here are my ideas:\n```json\n[\n  {\"title\": \"Vectorize\", \"idea\": \"Use float4 loads.\"},\n"
+      "  \"Fuse the two passes\"\n]\n```\nLet me know!");
+  ASSERT_TRUE(ideas.ok()) << ideas.status().ToString();
+  ASSERT_EQ(ideas->size(), 2u);
+  EXPECT_EQ((*ideas)[0].title, "Vectorize");
+  EXPECT_EQ((*ideas)[0].description, "Use float4 loads.");
+  EXPECT_EQ((*ideas)[0].Text(), "Vectorize: Use float4 loads.");
+  EXPECT_EQ((*ideas)[1].Text(), "Fuse the two passes");
+}
+
+TEST(LlmParseTest, IdeasFromWrappedObjectAndBareList) {
+  auto wrapped = ParseIdeas(R"(Sure. {"ideas": [{"name": "Tiling", "description": "32x32 tiles in shared memory"}]})");
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status().ToString();
+  ASSERT_EQ(wrapped->size(), 1u);
+  EXPECT_EQ((*wrapped)[0].Text(), "Tiling: 32x32 tiles in shared memory");
+
+  auto bare = ParseIdeas("My answer: [\"a\", \"b\", \"c\"] -- done");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->size(), 3u);
+
+  auto only_title = ParseIdeas(R"([{"title": "Use warp shuffles"}])");
+  ASSERT_TRUE(only_title.ok());
+  EXPECT_EQ((*only_title)[0].description, "Use warp shuffles");
+}
+
+TEST(LlmParseTest, NoIdeasIsAnError) {
+  auto none = ParseIdeas("I think you should use shared memory.");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kInvalidArgument);
+  EXPECT_FALSE(ParseIdeas("```json\n[]\n```").ok());
+  EXPECT_FALSE(ParseIdeas("```json\n{\"ideas\": 3}\n```").ok());
+}
+
+TEST(LlmParseTest, CandidateReply) {
+  std::string reply =
+      "Here is the kernel.\n```cuda\nextern \"C\" __global__ void scale(const float* x, float* out, long long n) {\n"
+      "  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i < n) out[i] = 2.f * x[i];\n}\n```\n"
+      "```json\n{\"launches\": [{\"kernel\": \"scale\", \"grid\": [\"cdiv(x.numel, 256)\"], \"block\": [256], "
+      "\"args\": [\"x\", \"out\", \"x.numel\"]}]}\n```\n";
+  ParsedCandidate c = ParseCandidateResponse(reply);
+  ASSERT_TRUE(c.ok()) << c.parse_error;
+  EXPECT_NE(c.candidate.source.find("void scale"), std::string::npos);
+  EXPECT_NE(c.candidate.plan_json.find("\"launches\""), std::string::npos);
+  EXPECT_EQ(c.raw, reply);
+
+  ParsedCandidate no_plan = ParseCandidateResponse("```cuda\nextern \"C\" __global__ void k() {}\n```");
+  EXPECT_FALSE(no_plan.ok());
+  EXPECT_FALSE(no_plan.parse_error.empty());
+}
+
+}  // namespace
+}  // namespace ks
