@@ -9,6 +9,10 @@
 namespace ks::store {
 namespace {
 
+bool IsWordChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Drops whitespace, keeping one space only where it separates two word
+// characters ("unsigned int" stays apart; "f( x )" and "f(x)" become equal).
 std::string CollapseWhitespace(const std::string& s) {
   std::string out;
   out.reserve(s.size());
@@ -18,7 +22,7 @@ std::string CollapseWhitespace(const std::string& s) {
       pending_space = !out.empty();
       continue;
     }
-    if (pending_space) out.push_back(' ');
+    if (pending_space && IsWordChar(out.back()) && IsWordChar(c)) out.push_back(' ');
     pending_space = false;
     out.push_back(c);
   }

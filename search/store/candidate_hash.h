@@ -8,7 +8,9 @@
 namespace ks::store {
 
 // Source with // and /* */ comments removed (string and character literals kept
-// as they are) and every whitespace run collapsed to one space, trimmed.
+// as they are) and whitespace dropped except one space between two word
+// characters. (Whitespace inside string literals is collapsed too: device code
+// rarely has strings, and printf formats do not change what a kernel computes.)
 std::string NormalizeSource(const std::string& source);
 // The plan re-serialized canonically (sorted keys, no whitespace); text that is
 // not JSON is whitespace-collapsed instead so that it still hashes stably.

@@ -1,0 +1,99 @@
+#include "search/scripted_evaluator.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "search/store/candidate_hash.h"
+
+namespace ks {
+namespace {
+
+// The text inside MARKER( ... ), or "" when absent.
+std::string MarkerArg(const std::string& source, const std::string& marker) {
+  size_t at = source.find(marker + "(");
+  if (at == std::string::npos) return "";
+  size_t begin = at + marker.size() + 1;
+  size_t end = source.find(')', begin);
+  if (end == std::string::npos) return "";
+  return source.substr(begin, end - begin);
+}
+
+}  // namespace
+
+StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::string& path) {
+  KS_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return InvalidArgument(path + ": fake evaluator config must be a JSON object");
+  ScriptedEvaluatorOptions o;
+  try {
+    o.eager_ms = j.value("eager_ms", o.eager_ms);
+    o.compile_ms = j.value("compile_ms", o.compile_ms);
+    o.delay_ms = j.value("delay_ms", o.delay_ms);
+    o.log_path = j.value("log", o.log_path);
+    o.fail_after = j.value("fail_after", o.fail_after);
+    o.device = j.value("device", o.device);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(path + ": " + e.what());
+  }
+  return o;
+}
+
+Evaluation ScriptedEvaluator::Decide(const Candidate& c) const {
+  Evaluation e;
+  e.device = options_.device;
+  std::string status = MarkerArg(c.source, "FAKE_STATUS");
+  if (status.empty()) status = "correct";
+  auto parsed = ParseEvalStatus(status);
+  e.status = parsed.ok() ? *parsed : EvalStatus::kCompileError;
+  if (e.status != EvalStatus::kCorrect) {
+    e.message = "scripted " + status;
+    if (e.status == EvalStatus::kCompileError) e.compile_log = "fake.cu(1): error: scripted failure";
+    return e;
+  }
+  double ms = 1.0;
+  std::string ms_text = MarkerArg(c.source, "FAKE_MS");
+  if (!ms_text.empty()) ms = std::strtod(ms_text.c_str(), nullptr);
+  if (!(ms > 0)) ms = 1.0;
+  e.timing = TimingStats{ms, ms, ms, ms, 0, 20};
+  e.eager = TimingStats{options_.eager_ms, options_.eager_ms, options_.eager_ms, options_.eager_ms, 0, 20};
+  e.compiled = TimingStats{options_.compile_ms, options_.compile_ms, options_.compile_ms, options_.compile_ms, 0, 20};
+  e.speedup_eager = options_.eager_ms / ms;
+  e.speedup_compile = options_.compile_ms / ms;
+  return e;
+}
+
+StatusOr<std::vector<Evaluation>> ScriptedEvaluator::EvaluateBatch(const std::vector<Candidate>& candidates) {
+  batches_++;
+  std::vector<Evaluation> out;
+  out.reserve(candidates.size());
+  for (const Candidate& c : candidates) {
+    if (options_.fail_after >= 0 && evaluated_.load() >= options_.fail_after)
+      return Unavailable("fake evaluator: scripted failure after " + std::to_string(options_.fail_after) +
+                         " candidates");
+    if (options_.delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(options_.delay_ms * 1000)));
+    out.push_back(Decide(c));
+    evaluated_++;
+    std::lock_guard<std::mutex> lock(mu_);
+    sources_.push_back(c.source);
+    if (!options_.log_path.empty()) {
+      std::FILE* f = std::fopen(options_.log_path.c_str(), "a");
+      if (!f) return PosixError(options_.log_path, errno);
+      std::fprintf(f, "%s\n", store::CandidateContentHash(c.source, c.plan_json).c_str());
+      std::fclose(f);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> ScriptedEvaluator::sources() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sources_;
+}
+
+}  // namespace ks

@@ -1,0 +1,58 @@
+// A CandidateEvaluator that needs no GPU, for tests and benchmarks of the search
+// (`--evaluator fake[:CONFIG.json]` on the command line; not for real use).
+// It decides each result from markers in the candidate's source:
+//   FAKE_STATUS(incorrect)  any EvalStatus name; default correct
+//   FAKE_MS(0.25)           the median time in ms; default 1.0
+// Speedups are eager_ms / median (and compile_ms / median). Every evaluated
+// candidate is counted and, when a log path is set, appended to that file as
+// one line (its content hash), so that tests in other processes can check that
+// nothing was evaluated twice. Faults: fail_after makes EvaluateBatch return an
+// Unavailable status after that many candidates (an evaluator that broke).
+// Thread-safe (a mutex guards the counters).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "evaluator/evaluator_api.h"
+
+namespace ks {
+
+struct ScriptedEvaluatorOptions {
+  double eager_ms = 2.0;
+  double compile_ms = 1.5;
+  double delay_ms = 0;     // sleep per candidate, to stand in for GPU time
+  std::string log_path;    // "" = no log
+  int64_t fail_after = -1; // < 0: never
+  std::string device = "fake-gpu";
+};
+
+// Reads {"eager_ms", "compile_ms", "delay_ms", "log", "fail_after", "device"}.
+StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::string& path);
+
+class ScriptedEvaluator final : public CandidateEvaluator {
+ public:
+  explicit ScriptedEvaluator(ScriptedEvaluatorOptions options) : options_(std::move(options)) {}
+  StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
+  std::string DeviceName() const override { return options_.device; }
+
+  int64_t evaluated() const { return evaluated_.load(); }
+  int64_t batches() const { return batches_.load(); }
+  // Sources evaluated so far, in order.
+  std::vector<std::string> sources() const;
+
+  // The result one source gets (pure; exposed for tests).
+  Evaluation Decide(const Candidate& c) const;
+
+ private:
+  const ScriptedEvaluatorOptions options_;
+  std::atomic<int64_t> evaluated_{0};
+  std::atomic<int64_t> batches_{0};
+  mutable std::mutex mu_;
+  std::vector<std::string> sources_;
+};
+
+}  // namespace ks

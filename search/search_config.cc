@@ -1,0 +1,124 @@
+#include "search/search_config.h"
+
+#include <set>
+
+#include "common/files.h"
+
+namespace ks {
+
+Status SearchConfig::Validate() const {
+  if (rounds < 0) return InvalidArgument("rounds must be >= 0");
+  if (ideas < 1) return InvalidArgument("ideas must be >= 1");
+  if (branches < 1) return InvalidArgument("branches must be >= 1");
+  if (beam < 1) return InvalidArgument("beam must be >= 1");
+  if (repair_attempts < 0) return InvalidArgument("repair attempts must be >= 0");
+  if (budget_calls < 0 || budget_tokens < 0 || budget_cost_usd < 0 || budget_minutes < 0)
+    return InvalidArgument("budgets must be >= 0 (0 = unlimited)");
+  if (target_speedup < 0) return InvalidArgument("target speedup must be >= 0");
+  if (llm_concurrency < 1) return InvalidArgument("llm concurrency must be >= 1");
+  for (const auto& [role, spec] : role_models) {
+    if (role != "ideas" && role != "implement" && role != "repair")
+      return InvalidArgument("model for unknown role '" + role + "' (ideas, implement, repair)");
+  }
+  if (seed_source.empty() != seed_plan.empty()) return InvalidArgument("a seed kernel needs both source and plan");
+  return Status::Ok();
+}
+
+nlohmann::json GpuFactsToJson(const GpuFacts& g) {
+  return {{"name", g.name},
+          {"compute_capability", g.compute_capability},
+          {"sm_count", g.sm_count},
+          {"shared_bytes_per_block", g.shared_bytes_per_block},
+          {"shared_bytes_per_sm", g.shared_bytes_per_sm},
+          {"l2_bytes", g.l2_bytes},
+          {"registers_per_sm", g.registers_per_sm},
+          {"memory_bandwidth_gbps", g.memory_bandwidth_gbps},
+          {"fp32_tflops", g.fp32_tflops},
+          {"fp16_tensor_tflops", g.fp16_tensor_tflops}};
+}
+
+GpuFacts GpuFactsFromJson(const nlohmann::json& j) {
+  GpuFacts g;
+  if (!j.is_object()) return g;
+  g.name = j.value("name", "");
+  g.compute_capability = j.value("compute_capability", "");
+  g.sm_count = j.value("sm_count", 0);
+  g.shared_bytes_per_block = j.value("shared_bytes_per_block", int64_t{0});
+  g.shared_bytes_per_sm = j.value("shared_bytes_per_sm", int64_t{0});
+  g.l2_bytes = j.value("l2_bytes", int64_t{0});
+  g.registers_per_sm = j.value("registers_per_sm", 0);
+  g.memory_bandwidth_gbps = j.value("memory_bandwidth_gbps", 0.0);
+  g.fp32_tflops = j.value("fp32_tflops", 0.0);
+  g.fp16_tensor_tflops = j.value("fp16_tensor_tflops", 0.0);
+  return g;
+}
+
+nlohmann::json SearchConfigToJson(const SearchConfig& c) {
+  return {{"rounds", c.rounds},
+          {"ideas", c.ideas},
+          {"branches", c.branches},
+          {"beam", c.beam},
+          {"repair_attempts", c.repair_attempts},
+          {"budget_calls", c.budget_calls},
+          {"budget_tokens", c.budget_tokens},
+          {"budget_cost_usd", c.budget_cost_usd},
+          {"budget_minutes", c.budget_minutes},
+          {"target_speedup", c.target_speedup},
+          {"model", c.model},
+          {"role_models", c.role_models},
+          {"seed", c.seed},
+          {"llm_concurrency", c.llm_concurrency},
+          {"seed_source", c.seed_source},
+          {"seed_plan", c.seed_plan},
+          {"seed_label", c.seed_label},
+          {"gpu", GpuFactsToJson(c.gpu)}};
+}
+
+StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return InvalidArgument("search config must be a JSON object");
+  static const std::set<std::string> kKeys = {
+      "rounds", "ideas", "branches", "beam", "repair_attempts", "budget_calls", "budget_tokens",
+      "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
+      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu"};
+  for (const auto& [key, value] : j.items())
+    if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
+  SearchConfig c;
+  try {
+    c.rounds = j.value("rounds", c.rounds);
+    c.ideas = j.value("ideas", c.ideas);
+    c.branches = j.value("branches", c.branches);
+    c.beam = j.value("beam", c.beam);
+    c.repair_attempts = j.value("repair_attempts", c.repair_attempts);
+    c.budget_calls = j.value("budget_calls", c.budget_calls);
+    c.budget_tokens = j.value("budget_tokens", c.budget_tokens);
+    c.budget_cost_usd = j.value("budget_cost_usd", c.budget_cost_usd);
+    c.budget_minutes = j.value("budget_minutes", c.budget_minutes);
+    c.target_speedup = j.value("target_speedup", c.target_speedup);
+    c.model = j.value("model", c.model);
+    if (j.contains("role_models")) c.role_models = j.at("role_models").get<std::map<std::string, std::string>>();
+    c.seed = j.value("seed", c.seed);
+    c.llm_concurrency = j.value("llm_concurrency", c.llm_concurrency);
+    c.seed_source = j.value("seed_source", c.seed_source);
+    c.seed_plan = j.value("seed_plan", c.seed_plan);
+    c.seed_label = j.value("seed_label", c.seed_label);
+    if (j.contains("gpu")) c.gpu = GpuFactsFromJson(j.at("gpu"));
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(std::string("search config: ") + e.what());
+  }
+  KS_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+StatusOr<SearchConfig> LoadSearchConfigFile(const std::string& path, const SearchConfig& base) {
+  KS_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return InvalidArgument(path + ": not valid JSON");
+  nlohmann::json merged = SearchConfigToJson(base);
+  if (!j.is_object()) return InvalidArgument(path + ": search config must be a JSON object");
+  for (const auto& [key, value] : j.items()) merged[key] = value;
+  auto c = SearchConfigFromJson(merged);
+  if (!c.ok()) return c.status().WithContext(path);
+  return c;
+}
+
+}  // namespace ks

@@ -1,0 +1,63 @@
+// The configuration of one search: shape of the tree (rounds, ideas, branches,
+// beam, repairs), budgets, target, models per role, seed. Stored as JSON in the
+// search's row, so that a resumed or split search runs with exactly the settings
+// it started with. Plain data.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "search/llm/prompts.h"
+
+namespace ks {
+
+struct SearchConfig {
+  // Improvement rounds after round 0 (round 0 finds a first correct kernel), so
+  // a search has rounds + 1 rounds in all.
+  int rounds = 3;
+  int ideas = 4;            // I: ideas asked for per beam kernel per round
+  int branches = 2;         // K: independent implementations per idea
+  int beam = 2;             // B: kernels carried into the next round
+  int repair_attempts = 1;  // repairs chained onto a failed candidate (0 = none)
+
+  // Budgets; 0 = unlimited. Calls, tokens and cost count the whole search (a
+  // resumed one too); minutes count one run of the process.
+  int64_t budget_calls = 0;
+  int64_t budget_tokens = 0;
+  double budget_cost_usd = 0;
+  double budget_minutes = 0;
+  double target_speedup = 0;  // stop once a correct kernel is this much faster than eager; 0 = none
+
+  std::string model;                             // the default LLM spec (llm_factory.h)
+  std::map<std::string, std::string> role_models;  // "ideas" / "implement" / "repair" -> spec
+  uint64_t seed = 42;  // breaks exact ties in beam selection reproducibly
+  int llm_concurrency = 8;  // model calls in flight at once
+
+  // A user-supplied first kernel (--seed-kernel), stored with the search.
+  std::string seed_source;
+  std::string seed_plan;
+  std::string seed_label;  // where it came from, for the lineage
+
+  // What prompts say about the GPU. Fixed when the search is created so that
+  // the model side (maybe on a machine without the GPU) renders the same prompts
+  // as a run on the GPU node.
+  GpuFacts gpu;
+
+  Status Validate() const;
+};
+
+nlohmann::json SearchConfigToJson(const SearchConfig& c);
+// Unknown keys are an error (a typo must not silently run a different search);
+// absent keys keep their defaults, so a config file may set only a few.
+StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j);
+// Reads a JSON config file (comments not allowed) over `base`.
+StatusOr<SearchConfig> LoadSearchConfigFile(const std::string& path, const SearchConfig& base);
+
+nlohmann::json GpuFactsToJson(const GpuFacts& g);
+GpuFacts GpuFactsFromJson(const nlohmann::json& j);
+
+}  // namespace ks

@@ -1,0 +1,539 @@
+#include "search/orchestrator.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "common/files.h"
+#include "search/scripted_evaluator.h"
+#include "search/store/candidate_hash.h"
+
+namespace ks {
+namespace {
+
+using store::CandidateKind;
+using store::LineageStore;
+using store::SearchStatus;
+
+// A model that answers from its prompt: ideas are named after the prompt's
+// hash, implementations carry FAKE_MS markers derived from the prompt and how
+// often that prompt was asked (so that K branches differ). Tests override the
+// reply per role. Thread-safe. Can cancel an orchestrator after N calls.
+class FakeLlm : public LlmClient {
+ public:
+  using Reply = std::function<std::string(const LlmRequest&, int occurrence)>;
+
+  StatusOr<std::string> Complete(const LlmRequest& r, LlmCallRecord* record) override {
+    int occurrence;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      occurrence = seen_[r.role + '\0' + r.prompt]++;
+      ++calls_;
+      prompts_[r.role].push_back(r.prompt);
+    }
+    if (cancel_after_ > 0 && calls_ >= cancel_after_ && to_cancel_) to_cancel_->Cancel();
+    std::string reply;
+    if (r.role == "ideas") reply = ideas_ ? ideas_(r, occurrence) : DefaultIdeas(r);
+    else if (r.role == "implement") reply = implement_ ? implement_(r, occurrence) : Kernel(r.prompt, occurrence, "");
+    else reply = repair_ ? repair_(r, occurrence) : Kernel(r.prompt, occurrence, "");
+    if (record) {
+      record->role = r.role;
+      record->backend = "fake";
+      record->model = "fake-1";
+      record->system = r.system;
+      record->prompt = r.prompt;
+      record->response = reply;
+      record->tokens_in = 100;
+      record->tokens_out = 50;
+      record->cost_usd = 0.01;
+      record->attempts = 1;
+    }
+    return reply;
+  }
+  std::string Describe() const override { return "fake"; }
+
+  static std::string DefaultIdeas(const LlmRequest& r) {
+    std::string h = Sha256Hex(r.prompt).substr(0, 8);
+    return "```json\n[{\"title\": \"idea-" + h + "-a\", \"idea\": \"tile it " + h +
+           "\"}, {\"title\": \"idea-" + h + "-b\", \"idea\": \"vectorize it " + h +
+           "\"}, {\"title\": \"idea-" + h + "-c\", \"idea\": \"fuse it " + h + "\"}]\n```\n";
+  }
+  // A candidate whose time is a function of (prompt, occurrence).
+  static std::string Kernel(const std::string& prompt, int occurrence, const std::string& status) {
+    std::string h = Sha256Hex(prompt + std::to_string(occurrence));
+    double ms = 0.1 + (std::stoul(h.substr(0, 6), nullptr, 16) % 1000) / 1000.0;
+    std::string marker = status.empty() ? "" : " FAKE_STATUS(" + status + ")";
+    return "Here it is.\n```cuda\nextern \"C\" __global__ void k_" + h.substr(0, 8) +
+           "(float* out, const float* x, int n) { /* FAKE_MS(" + std::to_string(ms) + ")" + marker +
+           " */ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = x[i]; }\n```\n"
+           "```json\n{\"launches\": [{\"kernel\": \"k_" + h.substr(0, 8) +
+           "\", \"grid\": [\"cdiv(x.numel, 256)\"], \"block\": [256], \"args\": [\"out\", \"x\", \"x.numel\"]}]}\n```\n";
+  }
+
+  int calls() const { return calls_.load(); }
+  std::vector<std::string> Prompts(const std::string& role) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prompts_[role];
+  }
+
+  Reply ideas_, implement_, repair_;
+  int cancel_after_ = 0;
+  Orchestrator* to_cancel_ = nullptr;
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int> seen_;
+  std::map<std::string, std::vector<std::string>> prompts_;
+  std::atomic<int> calls_{0};
+};
+
+Signature TestSignature() {
+  Signature s;
+  s.name = "copy";
+  s.file = "copy.py";
+  s.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+  s.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+  return s;
+}
+
+// What a lineage is, independent of row ids (which depend on thread timing):
+// one tuple per candidate.
+using LineageKey = std::tuple<int, std::string, std::string, std::string, std::string, std::string>;
+std::multiset<LineageKey> CanonicalLineage(LineageStore* store, int64_t search_id) {
+  std::multiset<LineageKey> out;
+  auto cands = store->ListCandidates(search_id);
+  EXPECT_TRUE(cands.ok());
+  std::map<int64_t, std::string> hash_of;
+  for (const auto& c : *cands) hash_of[c.id] = c.content_hash;
+  for (const auto& c : *cands) {
+    std::string idea = c.idea_id ? store->GetIdea(*c.idea_id)->text : "";
+    std::string parent = c.parent_candidate ? hash_of[*c.parent_candidate] : "";
+    std::string status = c.evaluation ? EvalStatusName(c.evaluation->status) : "pending";
+    out.insert({c.round, store::CandidateKindName(c.kind), idea, parent, c.content_hash, status});
+  }
+  return out;
+}
+
+class OrchestratorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ks_orch_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+    ASSERT_TRUE(lib.ok()) << lib.status().ToString();
+    prompts_ = std::move(lib).value();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<LineageStore> Store(const std::string& name) {
+    auto s = LineageStore::Open((dir_ / name).string());
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return std::move(s).value();
+  }
+
+  SearchConfig Config(int rounds, int ideas, int branches, int beam, int repairs) {
+    SearchConfig c;
+    c.rounds = rounds;
+    c.ideas = ideas;
+    c.branches = branches;
+    c.beam = beam;
+    c.repair_attempts = repairs;
+    c.model = "fake";
+    c.llm_concurrency = 4;
+    return c;
+  }
+
+  int64_t NewSearch(LineageStore* store, const SearchConfig& c) {
+    auto id = Orchestrator::CreateSearch(store, "copy.py", "class Model: pass\n", TestSignature(), c);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return *id;
+  }
+
+  std::filesystem::path dir_;
+  PromptLibrary prompts_;
+};
+
+TEST_F(OrchestratorTest, ThreeRoundSearchBuildsTheRightLineage) {
+  auto store = Store("a.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({});
+  std::vector<SearchEvent> events;
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [&](const SearchEvent& e) { events.push_back(e); });
+  int64_t id = NewSearch(store.get(), Config(/*rounds=*/2, /*ideas=*/2, /*branches=*/2, /*beam=*/2, 0));
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, SearchStatus::kFinished);
+  EXPECT_EQ(out->stop_reason, "rounds");
+
+  // Round 0: one "straightforward" idea, K candidates from the reference.
+  // Rounds 1, 2: B parents x I ideas x K candidates, parents from the stored beam.
+  auto cands = *store->ListCandidates(id);
+  std::map<int, int> per_round;
+  for (const auto& c : cands) {
+    per_round[c.round]++;
+    ASSERT_TRUE(c.evaluation.has_value());
+    ASSERT_TRUE(c.idea_id.has_value());
+    auto idea = *store->GetIdea(*c.idea_id);
+    EXPECT_EQ(idea.round, c.round);
+    if (c.round == 0) {
+      EXPECT_FALSE(c.parent_candidate.has_value());
+      EXPECT_EQ(idea.text, kFirstIdea);
+    } else {
+      auto round = *store->GetRound(id, c.round);
+      ASSERT_TRUE(round.has_value());
+      ASSERT_TRUE(c.parent_candidate.has_value());
+      EXPECT_EQ(idea.parent_candidate, c.parent_candidate);
+      EXPECT_NE(std::find(round->beam.begin(), round->beam.end(), *c.parent_candidate), round->beam.end());
+      auto parent = *store->GetCandidate(*c.parent_candidate);
+      EXPECT_LT(parent.round, c.round);
+      EXPECT_EQ(parent.evaluation->status, EvalStatus::kCorrect);
+    }
+  }
+  EXPECT_EQ(per_round[0], 2);
+  EXPECT_EQ(per_round[1], 8);
+  EXPECT_EQ(per_round[2], 8);
+  // 2 implement calls, then per round 2 ideas calls + 8 implement calls.
+  EXPECT_EQ(llm.calls(), 2 + 2 * (2 + 8));
+  EXPECT_EQ(store->Spend(id)->calls, llm.calls());
+  EXPECT_EQ(evaluator.evaluated(), 18);
+
+  // The beam of each round is the best of what came before.
+  for (int r = 1; r <= 2; ++r) {
+    auto round = *store->GetRound(id, r);
+    ASSERT_EQ(round->beam.size(), 2u);
+    double worst_in_beam = 0;
+    for (int64_t b : round->beam) worst_in_beam = std::max(worst_in_beam, *store->GetCandidate(b)->evaluation->median_ms);
+    for (const auto& c : cands) {
+      if (c.round >= r || std::count(round->beam.begin(), round->beam.end(), c.id)) continue;
+      EXPECT_GE(*c.evaluation->median_ms, worst_in_beam * (1 - 0.021)) << "candidate " << c.id << " round " << r;
+    }
+  }
+
+  // Ideas of round 2 are conditioned on the ideas tried in their lineage.
+  for (const auto& prompt : llm.Prompts("ideas")) {
+    if (prompt.find("None yet.") != std::string::npos) continue;  // a round-1 parent: nothing tried before
+    EXPECT_NE(prompt.find("→ correct"), std::string::npos);
+  }
+  int conditioned = 0;
+  auto round2 = *store->GetRound(id, 2);
+  ASSERT_TRUE(round2.has_value());
+  for (int64_t parent : round2->beam) {
+    auto lineage = *store->Lineage(parent);
+    ASSERT_GE(lineage.size(), 2u);
+    EXPECT_EQ(lineage.front().round, 0);
+    if (lineage.back().round != 1) continue;
+    std::string tried = store->GetIdea(*lineage.back().idea_id)->text;
+    for (const auto& prompt : llm.Prompts("ideas"))
+      if (prompt.find(tried) != std::string::npos) ++conditioned;
+  }
+  EXPECT_GT(conditioned, 0);
+
+  // Best: the fastest correct kernel, recorded in the search row and announced.
+  auto best = *store->BestCorrect(id);
+  EXPECT_EQ(store->GetSearch(id)->best_candidate, best->id);
+  EXPECT_EQ(out->best_candidate, best->id);
+  int round_events = 0, finished = 0;
+  for (const auto& e : events) {
+    round_events += e.type == SearchEvent::Type::kRoundStarted;
+    finished += e.type == SearchEvent::Type::kFinished;
+  }
+  EXPECT_EQ(round_events, 3);
+  EXPECT_EQ(finished, 1);
+  EXPECT_EQ(events.back().type, SearchEvent::Type::kFinished);
+  EXPECT_EQ(events.back().evaluated, 18);
+}
+
+store::CandidateRow Correct(int64_t id, std::optional<int64_t> idea, double ms, const std::string& hash) {
+  store::CandidateRow c;
+  c.id = id;
+  c.idea_id = idea;
+  c.content_hash = hash;
+  store::EvaluationRow e;
+  e.status = EvalStatus::kCorrect;
+  e.median_ms = ms;
+  c.evaluation = e;
+  return c;
+}
+
+TEST(SelectBeamTest, FastestFirstNearTiesGoToNewIdeasDuplicatesSkipped) {
+  std::vector<store::CandidateRow> cands = {
+      Correct(1, 10, 1.000, "a"), Correct(2, 10, 1.010, "b"), Correct(3, 20, 1.015, "c"),
+      Correct(4, 30, 2.000, "d"), Correct(5, 10, 0.999, "a")};
+  // 5 is the fastest; 1 is the same kernel as 5 (skipped); 2 and 3 tie within
+  // 2% with 5 and 3's idea is new to the beam, so 3 goes before 2.
+  EXPECT_EQ(SelectBeam(cands, 2, 42), (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(SelectBeam(cands, 3, 42), (std::vector<int64_t>{5, 3, 2}));
+  // A clearly faster kernel wins even when its idea is already in the beam.
+  std::vector<store::CandidateRow> far = {Correct(1, 10, 1.0, "a"), Correct(2, 10, 1.5, "b"),
+                                          Correct(3, 20, 2.0, "c")};
+  EXPECT_EQ(SelectBeam(far, 2, 42), (std::vector<int64_t>{1, 2}));
+  // Incorrect or untimed candidates never enter.
+  auto wrong = Correct(9, 50, 0.1, "z");
+  wrong.evaluation->status = EvalStatus::kIncorrect;
+  EXPECT_EQ(SelectBeam({wrong}, 2, 42), std::vector<int64_t>{});
+  // Exact ties are decided by content and seed, not by id order.
+  std::vector<store::CandidateRow> tie1 = {Correct(1, 10, 1.0, "p"), Correct(2, 10, 1.0, "q")};
+  std::vector<store::CandidateRow> tie2 = {Correct(7, 10, 1.0, "q"), Correct(8, 10, 1.0, "p")};
+  auto pick1 = SelectBeam(tie1, 1, 42), pick2 = SelectBeam(tie2, 1, 42);
+  EXPECT_EQ(pick1[0] == 1 ? "p" : "q", pick2[0] == 8 ? "p" : "q");
+}
+
+TEST_F(OrchestratorTest, BudgetStopsTheSearch) {
+  auto store = Store("b.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({});
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  SearchConfig c = Config(3, 2, 2, 2, 0);
+  c.budget_calls = 5;
+  int64_t id = NewSearch(store.get(), c);
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, SearchStatus::kFinished);
+  EXPECT_EQ(out->stop_reason, "budget: 5 model calls");
+  EXPECT_EQ(llm.calls(), 5);
+  EXPECT_EQ(store->Spend(id)->calls, 5);
+  EXPECT_TRUE(store->PendingCandidates(id)->empty());  // what was generated got evaluated
+
+  // Cost budget: $0.01 a call, $0.035 allows 4 calls.
+  FakeLlm llm2;
+  Orchestrator orch2({store.get(), &llm2, &evaluator, &prompts_}, nullptr);
+  c.budget_calls = 0;
+  c.budget_cost_usd = 0.035;
+  c.llm_concurrency = 1;  // with calls in flight a cost budget can overrun by those calls
+  int64_t id2 = NewSearch(store.get(), c);
+  auto out2 = orch2.Run(id2);
+  ASSERT_TRUE(out2.ok());
+  EXPECT_EQ(llm2.calls(), 4);
+  EXPECT_EQ(out2->stop_reason, "budget: $0.035");
+}
+
+TEST_F(OrchestratorTest, TargetSpeedupStopsTheSearch) {
+  auto store = Store("t.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({.eager_ms = 100});  // every kernel is > 90x faster than eager
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  SearchConfig c = Config(3, 2, 2, 2, 0);
+  c.target_speedup = 50;
+  int64_t id = NewSearch(store.get(), c);
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->stop_reason, "target speedup 50.00x reached");
+  EXPECT_EQ(store->LastRound(id)->value().round, 0);
+  EXPECT_LE(llm.calls(), 2);  // the second call may be refused once the first kernel hit the target
+}
+
+TEST_F(OrchestratorTest, DuplicateCandidatesAreEvaluatedOnce) {
+  auto store = Store("d.db");
+  FakeLlm llm;
+  // Every implementation is the same kernel, formatted differently.
+  llm.implement_ = [](const LlmRequest&, int occurrence) {
+    std::string pad(occurrence, ' ');
+    return "```cuda\n// variant " + std::to_string(occurrence) + "\nextern \"C\" __global__ void k(float* out)" + pad +
+           "{ out[0] = 1; }\n```\n```json\n{\"launches\": [{\"kernel\": \"k\", \"grid\": [1], \"block\": [1], "
+           "\"args\": [\"out\"]}]}\n```\n";
+  };
+  ScriptedEvaluator evaluator({});
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  int64_t id = NewSearch(store.get(), Config(1, 2, 3, 1, 0));
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto cands = *store->ListCandidates(id);
+  EXPECT_EQ(cands.size(), 3u + 2 * 3);
+  EXPECT_EQ(evaluator.evaluated(), 1);
+  int reused = 0;
+  for (const auto& c : cands) {
+    ASSERT_TRUE(c.evaluation.has_value());
+    EXPECT_EQ(c.evaluation->status, EvalStatus::kCorrect);
+    reused += c.evaluation->reused_from.has_value();
+  }
+  EXPECT_EQ(reused, static_cast<int>(cands.size()) - 1);
+  // A new search of the same problem reuses the stored evaluation too.
+  Orchestrator orch2({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  int64_t id2 = NewSearch(store.get(), Config(0, 1, 2, 1, 0));
+  ASSERT_TRUE(orch2.Run(id2).ok());
+  EXPECT_EQ(evaluator.evaluated(), 1);
+}
+
+TEST_F(OrchestratorTest, FailedCandidatesAreRepaired) {
+  auto store = Store("r.db");
+  FakeLlm llm;
+  llm.implement_ = [](const LlmRequest& r, int occ) { return FakeLlm::Kernel(r.prompt, occ, "compile_error"); };
+  ScriptedEvaluator evaluator({});
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  int64_t id = NewSearch(store.get(), Config(0, 1, 2, 1, /*repairs=*/1));
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto cands = *store->ListCandidates(id);
+  int repairs = 0;
+  for (const auto& c : cands) {
+    if (c.kind != CandidateKind::kRepair) {
+      EXPECT_EQ(c.evaluation->status, EvalStatus::kCompileError);
+      EXPECT_TRUE(c.repair_attempted);
+      continue;
+    }
+    ++repairs;
+    ASSERT_TRUE(c.parent_candidate.has_value());
+    auto failed = *store->GetCandidate(*c.parent_candidate);
+    EXPECT_EQ(failed.idea_id, c.idea_id);
+    EXPECT_EQ(c.repair_depth, 1);
+    EXPECT_EQ(c.evaluation->status, EvalStatus::kCorrect);
+  }
+  EXPECT_EQ(repairs, 2);
+  auto repair_prompts = llm.Prompts("repair");
+  ASSERT_EQ(repair_prompts.size(), 2u);
+  EXPECT_NE(repair_prompts[0].find("scripted failure"), std::string::npos);  // the compile log reached the model
+  EXPECT_TRUE(out->best_candidate.has_value());
+}
+
+TEST_F(OrchestratorTest, UnparsableReplyIsAFailedCandidateNotAnError) {
+  auto store = Store("u.db");
+  FakeLlm llm;
+  llm.implement_ = [](const LlmRequest&, int) { return std::string("I cannot do that."); };
+  ScriptedEvaluator evaluator({});
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  int64_t id = NewSearch(store.get(), Config(0, 1, 1, 1, 0));
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto cands = *store->ListCandidates(id);
+  ASSERT_EQ(cands.size(), 1u);
+  EXPECT_EQ(cands[0].raw_response, "I cannot do that.");
+  EXPECT_EQ(cands[0].evaluation->status, EvalStatus::kCompileError);
+  EXPECT_EQ(evaluator.evaluated(), 0);
+}
+
+TEST_F(OrchestratorTest, EvaluatorFailureFailsTheSearchResumably) {
+  auto store = Store("f.db");
+  FakeLlm llm;
+  ScriptedEvaluator broken({.fail_after = 0});
+  Orchestrator orch({store.get(), &llm, &broken, &prompts_}, nullptr);
+  int64_t id = NewSearch(store.get(), Config(1, 1, 2, 1, 0));
+  auto out = orch.Run(id);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), Code::kUnavailable);
+  EXPECT_EQ(store->GetSearch(id)->status, SearchStatus::kFailed);
+  int calls = llm.calls();
+  ScriptedEvaluator good({});
+  Orchestrator again({store.get(), &llm, &good, &prompts_}, nullptr);
+  auto resumed = again.Run(id);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->status, SearchStatus::kFinished);
+  EXPECT_EQ(llm.calls() - calls, 1 + 2);  // round 1 only: round 0's calls were not repeated
+}
+
+TEST_F(OrchestratorTest, ResumeAfterCancelMidRoundRepeatsNothingFinished) {
+  SearchConfig c = Config(2, 2, 2, 2, 1);
+  c.llm_concurrency = 2;
+  auto ref_store = Store("ref.db");
+  FakeLlm ref_llm;
+  ScriptedEvaluator ref_eval({});
+  Orchestrator ref({ref_store.get(), &ref_llm, &ref_eval, &prompts_}, nullptr);
+  int64_t ref_id = NewSearch(ref_store.get(), c);
+  ASSERT_TRUE(ref.Run(ref_id).ok());
+
+  for (int cancel_at : {1, 7, 13}) {
+    auto store = Store("resume" + std::to_string(cancel_at) + ".db");
+    FakeLlm llm;
+    ScriptedEvaluator evaluator({});
+    int64_t id = NewSearch(store.get(), c);
+    int total_calls = 0;
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+      llm.to_cancel_ = &orch;
+      llm.cancel_after_ = attempt == 0 ? cancel_at : 0;
+      auto out = orch.Run(id);
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      total_calls += out->llm_calls_now;
+      if (out->status == SearchStatus::kFinished) break;
+      EXPECT_EQ(out->status, SearchStatus::kCancelled);
+    }
+    EXPECT_EQ(store->GetSearch(id)->status, SearchStatus::kFinished);
+    EXPECT_EQ(CanonicalLineage(store.get(), id), CanonicalLineage(ref_store.get(), ref_id)) << cancel_at;
+    // Nothing finished was repeated: as many model calls and evaluations as one run.
+    EXPECT_EQ(llm.calls(), ref_llm.calls()) << cancel_at;
+    EXPECT_EQ(total_calls, ref_llm.calls());
+    EXPECT_EQ(evaluator.evaluated(), ref_eval.evaluated()) << cancel_at;
+  }
+}
+
+TEST_F(OrchestratorTest, GenerateOnlyAndEvaluatePendingMatchAContinuousRun) {
+  SearchConfig c = Config(2, 2, 2, 2, 1);
+  // Some implementations fail so that repairs cross the split as well.
+  auto implement = [](const LlmRequest& r, int occ) {
+    return FakeLlm::Kernel(r.prompt, occ, occ == 1 ? "incorrect" : "");
+  };
+  auto ref_store = Store("cont.db");
+  FakeLlm ref_llm;
+  ref_llm.implement_ = implement;
+  ScriptedEvaluator ref_eval({});
+  Orchestrator ref({ref_store.get(), &ref_llm, &ref_eval, &prompts_}, nullptr);
+  int64_t ref_id = NewSearch(ref_store.get(), c);
+  ASSERT_TRUE(ref.Run(ref_id).ok());
+
+  auto store = Store("split.db");
+  FakeLlm llm;
+  llm.implement_ = implement;
+  ScriptedEvaluator evaluator({});
+  int64_t id = NewSearch(store.get(), c);
+  int steps = 0;
+  for (; steps < 20; ++steps) {
+    Orchestrator model_side({store.get(), &llm, nullptr, &prompts_}, nullptr);
+    auto gen = model_side.Run(id, Orchestrator::Mode::kGenerateOnly);
+    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+    if (gen->status == SearchStatus::kFinished) break;
+    EXPECT_GT(gen->pending, 0);
+    Orchestrator gpu_side({store.get(), nullptr, &evaluator, nullptr}, nullptr);
+    auto ev = gpu_side.EvaluatePending(id);
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    EXPECT_EQ(ev->evaluated_now, gen->pending);
+  }
+  EXPECT_GE(steps, 6);  // 3 rounds, each with a repair step
+  EXPECT_EQ(CanonicalLineage(store.get(), id), CanonicalLineage(ref_store.get(), ref_id));
+  EXPECT_EQ(llm.calls(), ref_llm.calls());
+  EXPECT_EQ(evaluator.evaluated(), ref_eval.evaluated());
+}
+
+TEST_F(OrchestratorTest, SeedKernelStartsRoundZero) {
+  auto store = Store("s.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({});
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  SearchConfig c = Config(1, 1, 1, 1, 0);
+  c.seed_source = "extern \"C\" __global__ void seed(float* out) { /* FAKE_MS(5) */ }";
+  c.seed_plan = R"({"launches": [{"kernel": "seed", "grid": [1], "block": [1], "args": ["out"]}]})";
+  c.seed_label = "seed.cu";
+  int64_t id = NewSearch(store.get(), c);
+  ASSERT_TRUE(orch.Run(id).ok());
+  auto cands = *store->ListCandidates(id);
+  ASSERT_EQ(cands.size(), 2u);
+  EXPECT_EQ(cands[0].kind, CandidateKind::kSeed);
+  EXPECT_EQ(cands[1].parent_candidate, cands[0].id);
+  EXPECT_EQ(llm.Prompts("implement").size(), 1u);
+  EXPECT_NE(llm.Prompts("ideas")[0].find("void seed"), std::string::npos);
+}
+
+TEST(SearchConfigTest, JsonRoundTripAndValidation) {
+  SearchConfig c;
+  c.rounds = 5;
+  c.role_models["ideas"] = "openai:o3";
+  c.gpu.name = "H100";
+  auto back = SearchConfigFromJson(SearchConfigToJson(c));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->rounds, 5);
+  EXPECT_EQ(back->role_models.at("ideas"), "openai:o3");
+  EXPECT_EQ(back->gpu.name, "H100");
+  EXPECT_FALSE(SearchConfigFromJson({{"roundz", 3}}).ok());
+  EXPECT_FALSE(SearchConfigFromJson({{"beam", 0}}).ok());
+  EXPECT_FALSE(SearchConfigFromJson({{"role_models", {{"writer", "x"}}}}).ok());
+}
+
+}  // namespace
+}  // namespace ks
