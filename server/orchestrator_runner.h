@@ -1,0 +1,45 @@
+// The production SearchRunner: runs a stored search through the Orchestrator
+// with the server's model settings and evaluator. The problem's source comes
+// from the store and is written to a private temporary file for the evaluator
+// (the GPU evaluator loads problems from files).
+//
+// Ownership: borrows the store and the prompt library (must outlive it).
+// Thread-safety: Run may be called for different searches at once; each call
+// builds its own LLM client, evaluator and Orchestrator.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "evaluator/evaluator_api.h"
+#include "search/evaluator_factory.h"
+#include "search/llm/llm_factory.h"
+#include "search/llm/prompt_template.h"
+#include "search/store/lineage_store.h"
+#include "server/search_runner.h"
+
+namespace ks::server {
+
+struct OrchestratorRunnerOptions {
+  EvaluatorOptions evaluator;  // spec: "" / "gpu", or "fake[:FILE]" for tests
+  LlmConfig llm;               // knobs shared by every search; the spec is each search's model
+};
+
+class OrchestratorRunner final : public SearchRunner {
+ public:
+  OrchestratorRunner(store::LineageStore* store, const PromptLibrary* prompts, OrchestratorRunnerOptions options);
+  Status Run(int64_t search_id, const std::atomic<bool>* stop, const std::function<void()>& progress) override;
+
+ private:
+  store::LineageStore* const store_;
+  const PromptLibrary* const prompts_;
+  const OrchestratorRunnerOptions options_;
+};
+
+// An evaluator for a stored problem: the source written to a private file that
+// lives as long as the evaluator. FailedPrecondition when the spec cannot run
+// here (no GPU).
+StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const store::ProblemRow& problem,
+                                                                         const EvaluatorOptions& options);
+
+}  // namespace ks::server

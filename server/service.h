@@ -1,0 +1,85 @@
+// The KernelSearch gRPC service: validates and authenticates every call, then
+// hands it to the store (browsing), the job manager (searches), the watch hub
+// (streams), the problem loader (SubmitProblem) and an evaluator (EvaluateKernel).
+// Unary methods use the sync API (a bounded thread pool set by the server);
+// WatchSearch uses the callback API, so a watcher holds no thread while it waits.
+//
+// Ownership: borrows everything in ServiceDeps; all must outlive the service.
+// Thread-safety: gRPC calls the methods from many threads at once.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "evaluator/evaluator_api.h"
+#include "evaluator/signature.h"
+#include "proto/kernelsearch.grpc.pb.h"
+#include "search/search_config.h"
+#include "search/store/lineage_store.h"
+#include "server/auth.h"
+#include "server/job_manager.h"
+#include "server/limits.h"
+#include "server/watch_hub.h"
+
+namespace ks::server {
+
+struct ServiceDeps {
+  store::LineageStore* store = nullptr;
+  JobManager* jobs = nullptr;
+  WatchHub* hub = nullptr;
+  const TokenAuth* auth = nullptr;
+  ServerLimits limits;
+  // Loads a problem file's signature (the reference bridge). InvalidArgument for
+  // a defective problem; FailedPrecondition when python3+torch is missing.
+  std::function<StatusOr<Signature>(const std::string& path)> load_signature;
+  // Builds an evaluator for a stored problem. Null, or FailedPrecondition from
+  // it, when this server cannot evaluate (no GPU).
+  std::function<StatusOr<std::unique_ptr<CandidateEvaluator>>(const store::ProblemRow& problem)> make_evaluator;
+  // What every search starts from: the server's model, roles, GPU facts. The
+  // client's validated config overrides the shape and the budgets.
+  SearchConfig search_base;
+  int max_concurrent_evaluations = 1;  // EvaluateKernel calls at once; more: RESOURCE_EXHAUSTED
+};
+
+class KernelSearchService final
+    : public ::kernelsearch::v1::KernelSearch::WithCallbackMethod_WatchSearch<
+          ::kernelsearch::v1::KernelSearch::Service> {
+ public:
+  explicit KernelSearchService(ServiceDeps deps);
+
+  ::grpc::Status SubmitProblem(::grpc::ServerContext* ctx, const ::kernelsearch::v1::SubmitProblemRequest* req,
+                               ::kernelsearch::v1::SubmitProblemResponse* resp) override;
+  ::grpc::Status StartSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::StartSearchRequest* req,
+                             ::kernelsearch::v1::StartSearchResponse* resp) override;
+  ::grpc::ServerWriteReactor<::kernelsearch::v1::SearchEvent>* WatchSearch(
+      ::grpc::CallbackServerContext* ctx, const ::kernelsearch::v1::WatchSearchRequest* req) override;
+  ::grpc::Status CancelSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::CancelSearchRequest* req,
+                              ::kernelsearch::v1::SearchInfo* resp) override;
+  ::grpc::Status GetSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetSearchRequest* req,
+                           ::kernelsearch::v1::SearchInfo* resp) override;
+  ::grpc::Status ListSearches(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ListSearchesRequest* req,
+                              ::kernelsearch::v1::ListSearchesResponse* resp) override;
+  ::grpc::Status GetBestKernel(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetBestKernelRequest* req,
+                               ::kernelsearch::v1::CandidateDetail* resp) override;
+  ::grpc::Status ListCandidates(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ListCandidatesRequest* req,
+                                ::kernelsearch::v1::ListCandidatesResponse* resp) override;
+  ::grpc::Status GetCandidate(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetCandidateRequest* req,
+                              ::kernelsearch::v1::CandidateDetail* resp) override;
+  ::grpc::Status EvaluateKernel(::grpc::ServerContext* ctx, const ::kernelsearch::v1::EvaluateKernelRequest* req,
+                                ::kernelsearch::v1::EvaluateKernelResponse* resp) override;
+
+ private:
+  // Authenticates, then runs `body` through GuardedCall (the one translator).
+  using Metadata = std::multimap<::grpc::string_ref, ::grpc::string_ref>;
+  ::grpc::Status Handle(const char* method, const Metadata& metadata, const std::function<Status()>& body);
+  Status Authenticate(const Metadata& metadata) const;
+  Status FillDetail(int64_t candidate_id, ::kernelsearch::v1::CandidateDetail* out);
+
+  ServiceDeps deps_;
+  std::atomic<int> evaluations_in_flight_{0};
+};
+
+}  // namespace ks::server
