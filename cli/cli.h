@@ -36,5 +36,7 @@ std::string DataDir();
 void RegisterProblemCommands(CLI::App& app);
 void RegisterCompileCommand(CLI::App& app);
 void RegisterLlmCommands(CLI::App& app);
+void RegisterSearchCommands(CLI::App& app);  // search, evaluate-pending
+void RegisterBrowseCommands(CLI::App& app);  // history, best, show, lineage, export
 
 }  // namespace ks::cli

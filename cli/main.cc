@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   RegisterProblemCommands(app);
   RegisterCompileCommand(app);
   RegisterLlmCommands(app);
+  RegisterSearchCommands(app);
+  RegisterBrowseCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,349 @@
+// kernelsearch search / evaluate-pending: running a search (continuous, resumed,
+// or the model side of a split search) and evaluating what a split search left
+// pending. The lineage store is $KS_DB, else ~/.local/share/kernelsearch/lineage.db
+// (XDG_DATA_HOME respected); --db overrides.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "cli/llm_flags.h"
+#include "common/files.h"
+#include "evaluator/candidate_parser.h"
+#include "evaluator/problem.h"
+#include "search/evaluator_factory.h"
+#include "search/orchestrator.h"
+#include "search/search_config.h"
+#include "search/store/lineage_store.h"
+
+namespace ks::cli {
+namespace {
+
+// SIGINT/SIGTERM stop the search cleanly (it stays resumable); a second one
+// kills the process the default way.
+std::atomic<bool> g_interrupted{false};
+void OnSignal(int sig) {
+  g_interrupted.store(true);
+  std::signal(sig, SIG_DFL);
+}
+
+struct SearchFlags {
+  std::string problem;
+  std::string config_file;
+  int rounds = 0, ideas = 0, branches = 0, beam = 0, repair = 0;
+  int64_t budget_calls = 0;
+  double budget_cost = 0, budget_minutes = 0, target_speedup = 0;
+  int64_t budget_tokens = 0;
+  std::string ideas_model, implement_model, repair_model;
+  std::string seed_kernel, seed_plan;
+  uint64_t seed = 42;
+  std::string db;
+  int64_t resume = 0;
+  bool generate_only = false;
+  bool quiet = false;
+  bool json = false;
+  std::string evaluator;
+  std::string signature_file;
+  std::string gpu_name;
+  LlmFlags llm;
+};
+
+std::string DbPath(const std::string& flag) { return flag.empty() ? store::DefaultDbPath() : flag; }
+
+// Live progress: one rewritten line on stderr for people, JSON lines on stdout
+// for scripts.
+class Progress {
+ public:
+  Progress(bool quiet, bool json) : quiet_(quiet), json_(json) {}
+  void operator()(const SearchEvent& e) {
+    if (json_) {
+      std::printf("%s\n", SearchEventToJson(e).dump().c_str());
+      std::fflush(stdout);
+      return;
+    }
+    if (quiet_) return;
+    std::string best = e.best_speedup ? fmt::format("{:.2f}x", *e.best_speedup) : "-";
+    std::string line = fmt::format("round {} | evaluated {} ({} failed) | best {} | {} calls, ${:.2f}",
+                                   e.round, e.evaluated, e.failed, best, e.llm_calls, e.cost_usd);
+    if (e.type == SearchEvent::Type::kRoundStarted || e.type == SearchEvent::Type::kNewBest ||
+        e.type == SearchEvent::Type::kFinished) {
+      std::string what = e.type == SearchEvent::Type::kRoundStarted ? "round " + std::to_string(e.round) + " started"
+                         : e.type == SearchEvent::Type::kNewBest
+                             ? fmt::format("new best: candidate {} ({:.2f}x)", e.candidate_id, e.speedup.value_or(0))
+                             : "finished: " + e.text;
+      std::fprintf(stderr, "\r\033[K%s\n", what.c_str());
+    }
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    if (e.type == SearchEvent::Type::kFinished) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_, json_;
+};
+
+StatusOr<std::unique_ptr<LlmClient>> MakeClient(const SearchFlags& f, const SearchConfig& config) {
+  LlmFlags flags = f.llm;
+  flags.config.spec = config.model;
+  flags.config.cancel = &g_interrupted;
+  flags.role_models.clear();
+  for (const auto& [role, spec] : config.role_models) flags.role_models.push_back(role + "=" + spec);
+  if (flags.config.spec.empty()) return InvalidArgument("no model: pass --model SPEC (or set \"model\" in --config)");
+  return MakeLlmClientFromFlags(flags);
+}
+
+// The problem file an evaluator can read: the stored path when it still holds
+// the stored text, else a copy of the stored text (a GPU node may not have the
+// model side's paths).
+StatusOr<std::string> ProblemFileFor(const store::ProblemRow& p) {
+  auto text = ReadFile(p.file_path);
+  if (text.ok() && Sha256Hex(*text) == p.sha256) return p.file_path;
+  std::string dir = (std::filesystem::temp_directory_path() / ("kernelsearch-problems-" + p.sha256.substr(0, 16))).string();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return FailedPrecondition("creating " + dir + ": " + ec.message());
+  std::string path = dir + "/" + p.name + ".py";
+  KS_RETURN_IF_ERROR(WriteFile(path, p.source));
+  return path;
+}
+
+int PrintOutcome(const SearchOutcome& out, bool json) {
+  if (json) {
+    nlohmann::json j = {{"event", "outcome"},
+                        {"search", out.search_id},
+                        {"status", store::SearchStatusName(out.status)},
+                        {"stop_reason", out.stop_reason},
+                        {"pending", out.pending},
+                        {"evaluated_now", out.evaluated_now},
+                        {"llm_calls_now", out.llm_calls_now},
+                        {"llm_calls_reused", out.llm_calls_reused}};
+    if (out.best_candidate) j["best_candidate"] = *out.best_candidate;
+    if (out.best_speedup) j["best_speedup"] = *out.best_speedup;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("search %lld: %s%s\n", static_cast<long long>(out.search_id), store::SearchStatusName(out.status),
+                out.stop_reason.empty() ? "" : (" (" + out.stop_reason + ")").c_str());
+    if (out.best_candidate)
+      std::printf("best: candidate %lld, %.2fx over eager (kernelsearch show %lld)\n",
+                  static_cast<long long>(*out.best_candidate), out.best_speedup.value_or(0),
+                  static_cast<long long>(*out.best_candidate));
+    if (out.pending > 0)
+      std::printf("%lld candidates pending: run `kernelsearch evaluate-pending` where the GPU is\n",
+                  static_cast<long long>(out.pending));
+  }
+  if (out.status == store::SearchStatus::kCancelled) return kExitEnv;
+  return kExitOk;
+}
+
+int RunSearch(SearchFlags& f, CLI::App* sub) {
+  auto store = store::LineageStore::Open(DbPath(f.db));
+  if (!store.ok()) return ReportError(store.status());
+  int64_t search_id = f.resume;
+  std::string problem_file;
+  SearchConfig config;
+  if (f.resume) {
+    auto search = (*store)->GetSearch(f.resume);
+    if (!search.ok()) return ReportError(search.status());
+    auto c = SearchConfigFromJson(nlohmann::json::parse(search->config_json, nullptr, false));
+    if (!c.ok()) return ReportError(c.status());
+    config = *c;
+    auto problem = (*store)->GetProblem(search->problem_id);
+    if (!problem.ok()) return ReportError(problem.status());
+    auto file = ProblemFileFor(*problem);
+    if (!file.ok()) return ReportError(file.status());
+    problem_file = *file;
+    // A different model may be named for the rest of a resumed search (a key
+    // changed, a server moved); the tree's shape stays as stored.
+    if (sub->count("--model")) config.model = f.llm.config.spec;
+  } else {
+    if (f.problem.empty()) return ReportError(InvalidArgument("search: give a PROBLEM file or --resume ID"));
+    problem_file = f.problem;
+    if (!f.config_file.empty()) {
+      auto c = LoadSearchConfigFile(f.config_file, config);
+      if (!c.ok()) return ReportError(c.status());
+      config = *c;
+    }
+    // Flags given on the command line override the file.
+    if (sub->count("--rounds")) config.rounds = f.rounds;
+    if (sub->count("--ideas")) config.ideas = f.ideas;
+    if (sub->count("--branches")) config.branches = f.branches;
+    if (sub->count("--beam")) config.beam = f.beam;
+    if (sub->count("--repair")) config.repair_attempts = f.repair;
+    if (sub->count("--budget-calls")) config.budget_calls = f.budget_calls;
+    if (sub->count("--budget-tokens")) config.budget_tokens = f.budget_tokens;
+    if (sub->count("--budget-cost")) config.budget_cost_usd = f.budget_cost;
+    if (sub->count("--budget-minutes")) config.budget_minutes = f.budget_minutes;
+    if (sub->count("--target-speedup")) config.target_speedup = f.target_speedup;
+    if (sub->count("--seed")) config.seed = f.seed;
+    if (sub->count("--model")) config.model = f.llm.config.spec;
+    if (sub->count("--concurrency")) config.llm_concurrency = f.llm.config.concurrency;
+    if (!f.ideas_model.empty()) config.role_models["ideas"] = f.ideas_model;
+    if (!f.implement_model.empty()) config.role_models["implement"] = f.implement_model;
+    if (!f.repair_model.empty()) config.role_models["repair"] = f.repair_model;
+    for (const auto& rs : f.llm.role_models) {
+      auto parsed = ParseRoleSpec(rs);
+      if (!parsed.ok()) return ReportError(parsed.status());
+      config.role_models[parsed->first] = parsed->second;
+    }
+    if (!f.seed_kernel.empty()) {
+      auto seed = LoadCandidateFiles(f.seed_kernel, f.seed_plan);
+      if (!seed.ok()) return ReportError(seed.status().WithContext("--seed-kernel"));
+      config.seed_source = seed->source;
+      config.seed_plan = seed->plan_json;
+      config.seed_label = f.seed_kernel;
+    }
+    if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
+    if (Status st = config.Validate(); !st.ok()) return ReportError(st);
+  }
+
+  // The evaluator first: a search that cannot evaluate must fail before it
+  // spends anything on the model.
+  std::unique_ptr<CandidateEvaluator> evaluator;
+  if (!f.generate_only) {
+    auto ev = MakeEvaluator(problem_file, {.spec = f.evaluator});
+    if (!ev.ok()) return ReportError(ev.status());
+    evaluator = std::move(ev).value();
+    if (!f.resume && config.gpu.name.empty()) config.gpu.name = evaluator->DeviceName();
+  }
+  auto llm = MakeClient(f, config);
+  if (!llm.ok()) return ReportError(llm.status());
+  auto prompts = PromptLibrary::LoadDefault();
+  if (!prompts.ok()) return ReportError(prompts.status());
+
+  if (!f.resume) {
+    auto source = ReadFile(problem_file);
+    if (!source.ok()) return ReportError(source.status());
+    Signature sig;
+    if (!f.signature_file.empty()) {
+      auto text = ReadFile(f.signature_file);
+      if (!text.ok()) return ReportError(text.status());
+      auto parsed = SignatureFromJson(nlohmann::json::parse(*text, nullptr, false));
+      if (!parsed.ok()) return ReportError(parsed.status().WithContext(f.signature_file));
+      sig = *parsed;
+    } else {
+      auto loaded = LoadProblemSignature(problem_file);
+      if (!loaded.ok()) return ReportError(loaded.status());
+      sig = *loaded;
+    }
+    auto id = Orchestrator::CreateSearch(store->get(), problem_file, *source, sig, config);
+    if (!id.ok()) return ReportError(id.status());
+    search_id = *id;
+    if (!f.quiet && !f.json) std::fprintf(stderr, "search %lld (resume with --resume %lld)\n",
+                                          static_cast<long long>(search_id), static_cast<long long>(search_id));
+  }
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  Progress progress(f.quiet, f.json);
+  Orchestrator orch({.store = store->get(), .llm = llm->get(), .evaluator = evaluator.get(),
+                     .prompts = &*prompts, .cancel = &g_interrupted},
+                    [&](const SearchEvent& e) { progress(e); });
+  auto out = orch.Run(search_id, f.generate_only ? Orchestrator::Mode::kGenerateOnly : Orchestrator::Mode::kContinuous);
+  if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
+  return PrintOutcome(*out, f.json);
+}
+
+struct EvaluatePendingFlags {
+  std::string db;
+  int64_t search = 0;
+  std::string evaluator;
+  bool quiet = false;
+  bool json = false;
+};
+
+int RunEvaluatePending(const EvaluatePendingFlags& f) {
+  auto store = store::LineageStore::Open(DbPath(f.db));
+  if (!store.ok()) return ReportError(store.status());
+  auto pending = (*store)->PendingCandidates(f.search);
+  if (!pending.ok()) return ReportError(pending.status());
+  std::map<int64_t, int> per_search;
+  for (const auto& c : *pending) per_search[c.search_id]++;
+  if (per_search.empty()) {
+    if (f.json) std::printf("{\"event\":\"outcome\",\"evaluated\":0}\n");
+    else std::printf("nothing pending\n");
+    return kExitOk;
+  }
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  Progress progress(f.quiet, f.json);
+  int64_t total = 0;
+  for (const auto& [search_id, n] : per_search) {
+    auto search = (*store)->GetSearch(search_id);
+    if (!search.ok()) return ReportError(search.status());
+    auto problem = (*store)->GetProblem(search->problem_id);
+    if (!problem.ok()) return ReportError(problem.status());
+    auto file = ProblemFileFor(*problem);
+    if (!file.ok()) return ReportError(file.status());
+    auto evaluator = MakeEvaluator(*file, {.spec = f.evaluator});
+    if (!evaluator.ok()) return ReportError(evaluator.status());
+    Orchestrator orch({.store = store->get(), .evaluator = evaluator->get(), .cancel = &g_interrupted},
+                      [&](const SearchEvent& e) { progress(e); });
+    auto out = orch.EvaluatePending(search_id);
+    if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
+    total += out->evaluated_now;
+    if (f.json) {
+      std::printf("%s\n", nlohmann::json({{"event", "outcome"}, {"search", search_id},
+                                          {"evaluated_now", out->evaluated_now}})
+                              .dump()
+                              .c_str());
+    } else if (!f.quiet) {
+      std::fprintf(stderr, "\n");
+      std::printf("search %lld: evaluated %lld; continue with `kernelsearch search --generate-only --resume %lld`\n",
+                  static_cast<long long>(search_id), static_cast<long long>(out->evaluated_now),
+                  static_cast<long long>(search_id));
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterSearchCommands(CLI::App& app) {
+  auto* f = new SearchFlags();  // lives as long as the process: CLI11 binds to it
+  auto* sub = app.add_subcommand("search", "search for fast kernels for a problem (multi-round, with lineage)");
+  sub->add_option("problem", f->problem, "the problem .py (KernelBench format)");
+  sub->add_option("--config", f->config_file, "JSON config file (keys as in search_config.h); flags override it");
+  sub->add_option("--rounds", f->rounds, "improvement rounds after round 0 (default 3)");
+  sub->add_option("--ideas", f->ideas, "ideas per beam kernel per round (default 4)");
+  sub->add_option("--branches", f->branches, "implementations per idea (default 2)");
+  sub->add_option("--beam", f->beam, "kernels carried into the next round (default 2)");
+  sub->add_option("--repair", f->repair, "repair attempts for a failed candidate (default 1)");
+  sub->add_option("--budget-calls", f->budget_calls, "stop after this many model calls");
+  sub->add_option("--budget-tokens", f->budget_tokens, "stop after this many tokens");
+  sub->add_option("--budget-cost", f->budget_cost, "stop after this much model spend (USD)");
+  sub->add_option("--budget-minutes", f->budget_minutes, "stop after this many minutes (per run)");
+  sub->add_option("--target-speedup", f->target_speedup, "stop once a kernel is this much faster than eager");
+  sub->add_option("--ideas-model", f->ideas_model, "model SPEC for the ideas prompt");
+  sub->add_option("--implement-model", f->implement_model, "model SPEC for the implement prompt");
+  sub->add_option("--repair-model", f->repair_model, "model SPEC for the repair prompt");
+  sub->add_option("--seed-kernel", f->seed_kernel, "a first kernel (.cu with .json plan beside it, or .md)");
+  sub->add_option("--seed-plan", f->seed_plan, "the seed kernel's plan, when not beside it");
+  sub->add_option("--seed", f->seed, "seed for reproducible tie-breaking");
+  sub->add_option("--db", f->db, "lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
+  sub->add_option("--resume", f->resume, "continue search ID from the store");
+  sub->add_flag("--generate-only", f->generate_only,
+                "run the model side of the next step, leave candidates pending (for GPU nodes without internet)");
+  sub->add_flag("--quiet", f->quiet, "no live progress");
+  sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
+  sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
+  sub->add_option("--signature", f->signature_file,
+                  "the problem's signature as JSON instead of running the bridge (machines without torch)");
+  sub->add_option("--gpu", f->gpu_name, "the GPU the prompts name (default: the evaluator's device)");
+  AddLlmOptions(sub, &f->llm, /*require_model=*/false);
+  SetAction(sub, [f, sub] { return RunSearch(*f, sub); });
+
+  auto* ef = new EvaluatePendingFlags();
+  auto* ep = app.add_subcommand("evaluate-pending", "evaluate every pending candidate in the store (split searches)");
+  ep->add_option("--db", ef->db, "lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
+  ep->add_option("--search", ef->search, "only this search");
+  ep->add_option("--evaluator", ef->evaluator, "gpu (default), or fake[:FILE] for tests");
+  ep->add_flag("--quiet", ef->quiet, "no live progress");
+  ep->add_flag("--json", ef->json, "JSON lines on stdout");
+  SetAction(ep, [ef] { return RunEvaluatePending(*ef); });
+}
+
+}  // namespace ks::cli
