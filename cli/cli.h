@@ -35,8 +35,11 @@ std::string DataDir();
 // Registration functions, one per cmd_*.cc.
 void RegisterProblemCommands(CLI::App& app);
 void RegisterCompileCommand(CLI::App& app);
+void RegisterEvalCommand(CLI::App& app);
 void RegisterLlmCommands(CLI::App& app);
 void RegisterSearchCommands(CLI::App& app);  // search, evaluate-pending
 void RegisterBrowseCommands(CLI::App& app);  // history, best, show, lineage, export
+void RegisterServeCommand(CLI::App& app);    // serve (gRPC server)
+void RegisterRemoteCommands(CLI::App& app);  // submit, watch, cancel, remote history|best|show|lineage|eval
 
 }  // namespace ks::cli

@@ -58,9 +58,12 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kernelsearch 0.1.0");
   RegisterProblemCommands(app);
   RegisterCompileCommand(app);
+  RegisterEvalCommand(app);
   RegisterLlmCommands(app);
   RegisterSearchCommands(app);
   RegisterBrowseCommands(app);
+  RegisterServeCommand(app);
+  RegisterRemoteCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -215,7 +215,7 @@ StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>& argv,
   KS_ASSIGN_OR_RETURN(Pipe out, MakePipe());
   UniqueFd err_fd;
   if (!stderr_path.empty()) {
-    err_fd.reset(open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    err_fd.reset(open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600));
     if (!err_fd.valid()) return PosixError(stderr_path, errno);
   }
   KS_ASSIGN_OR_RETURN(pid_t pid, Spawn(argv, BuildEnv(env, {}), in.r.get(), out.w.get(),

@@ -137,16 +137,22 @@ void JobManager::RunJob(const std::shared_ptr<Job>& job) {
   Notify(id);
 }
 
+void JobManager::RequestStop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    for (auto& [id, job] : running_) job->stop = true;
+  }
+  cv_.notify_all();
+}
+
 void JobManager::Shutdown() {
+  RequestStop();
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutting_down_ && threads_.empty()) return;
-    shutting_down_ = true;
-    for (auto& [id, job] : running_) job->stop = true;
     threads.swap(threads_);
   }
-  cv_.notify_all();
   for (auto& t : threads) t.join();
   // Queued searches stay pending in the store; the next server picks them up.
   std::lock_guard<std::mutex> lock(mu_);

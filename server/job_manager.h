@@ -52,6 +52,9 @@ class JobManager {
   // Set before Start(); called from pool threads.
   void SetProgressListener(std::function<void(int64_t)> listener);
 
+  // Stops taking work and asks running searches to stop; does not wait.
+  void RequestStop();
+  // RequestStop, then waits for the pool.
   void Shutdown();
 
   int running() const;

@@ -98,16 +98,23 @@ Status Serve(const ServerOptions& o, const PartsFactory& make_parts) {
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "kernelsearch serve: %s, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
 
-  // Stop accepting; give calls in flight a grace period, then cancel them
-  // (watch streams end there). Then stop the searches: each is left pending in
-  // the store at a step boundary, and the next server resumes it.
+  // Watchers first, so that none sees a stopping search as ended; then ask the
+  // searches to stop (each is left pending in the store at a step boundary,
+  // and the next server resumes it); then stop accepting and give calls in
+  // flight a grace period before cancelling them (watch streams end there).
+  auto t0 = std::chrono::steady_clock::now();
+  hub.Stop();
+  jobs.RequestStop();
   auto deadline = std::chrono::system_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_s * 1000));
   server->Shutdown(deadline);
-  hub.Stop();
+  auto t1 = std::chrono::steady_clock::now();
   jobs.Shutdown();
   server->Wait();
-  std::fprintf(stderr, "kernelsearch serve: stopped\n");
+  server.reset();
+  auto ms = [](auto a, auto b) { return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count(); };
+  std::fprintf(stderr, "kernelsearch serve: stopped (calls %lld ms, searches %lld ms)\n",
+               static_cast<long long>(ms(t0, t1)), static_cast<long long>(ms(t1, std::chrono::steady_clock::now())));
   return Status::Ok();
 }
 

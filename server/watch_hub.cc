@@ -81,7 +81,8 @@ void WatchHub::Apply(Tracker* t, const Reading& r, bool baseline) {
     events.emplace_back();
     return &events.back();
   };
-  for (int round = t->rounds + 1; round <= r.summary.rounds; ++round) add()->mutable_round_started()->set_round(round);
+  // The store counts rounds started; rounds are numbered from 0.
+  for (int n = t->rounds + 1; n <= r.summary.rounds; ++n) add()->mutable_round_started()->set_round(n - 1);
   t->rounds = std::max(t->rounds, r.summary.rounds);
   for (const auto& idea : r.ideas) {
     if (!t->ideas.insert(idea.id).second) continue;

@@ -1,5 +1,6 @@
 #include "evaluator/worker/worker_serve.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <array>
@@ -281,7 +282,18 @@ class Worker {
                                              " of scratch buffer #" + std::to_string(i));
       }
     }
-    return {{"ok", true}, {"ms", ms}};
+    // Module-scope variables must hold their load-time values again when the
+    // plan ends: state kept across launches is how cached results and call
+    // counters survive (a legitimate counter is reset by the kernel that uses it).
+    json changed = json::array();
+    std::string now;
+    for (const auto& g : c.globals) {
+      if (g.bytes.empty()) continue;
+      now.resize(g.bytes.size());
+      if (d_->cuMemcpyDtoH(now.data(), g.ptr, now.size()) != CUDA_SUCCESS) return Sticky("reading globals");
+      if (now != g.bytes) changed.push_back(g.name);
+    }
+    return {{"ok", true}, {"ms", ms}, {"state_changed", changed}};
   }
 
   json Sticky(const std::string& what, CUresult r = CUDA_ERROR_UNKNOWN) {
@@ -307,6 +319,9 @@ int WorkerServe(int argc, char** argv) {
   // writes) is pointed at stderr, which the evaluator captures and caps.
   int proto_fd = dup(1);
   dup2(2, 1);
+  // The log is size-limited (RLIMIT_FSIZE): past it, writes fail quietly
+  // instead of killing the worker.
+  signal(SIGXFSZ, SIG_IGN);
   auto d = CudaDriver::Get();
   if (!d.ok()) {
     (void)SendMessage(proto_fd, {{"ok", false}, {"status", "internal"}, {"message", d.status().message()}, {"fatal", true}});

@@ -1,0 +1,135 @@
+// kernelsearch eval PROBLEM CANDIDATE|DIR [--plan P] [--json]
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "cli/eval_format.h"
+#include "evaluator/candidate_parser.h"
+#include "evaluator/gpu_evaluator.h"
+#include "evaluator/problem.h"
+
+namespace ks::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct EvalArgs {
+  std::string problem, candidate, plan, python;
+  int sets = 3;
+  bool json = false;
+  bool keep_privileges = false;
+  double run_timeout_s = 10;
+};
+
+// Candidates of a directory: every .md, and every .cu with a .json beside it.
+std::vector<std::string> CandidateFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string ext = e.path().extension().string();
+    if (ext == ".md") out.push_back(e.path().string());
+    if (ext == ".cu") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int Run(const EvalArgs& a) {
+  std::vector<std::string> files;
+  bool batch = fs::is_directory(a.candidate);
+  if (batch) {
+    files = CandidateFiles(a.candidate);
+    if (files.empty()) return ReportError(InvalidArgument(a.candidate + ": no .md or .cu candidates in this directory"));
+  } else {
+    files = {a.candidate};
+  }
+  // Read every candidate first: a bad file is reported before any GPU work.
+  std::vector<Candidate> cands;
+  std::vector<std::string> load_errors(files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    auto c = LoadCandidateFiles(files[i], batch ? "" : a.plan);
+    if (!c.ok()) {
+      if (!batch) return ReportError(c.status());
+      load_errors[i] = c.status().message();
+      cands.push_back({});
+    } else {
+      cands.push_back(*c);
+    }
+  }
+  std::string why;
+  if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("eval needs a GPU: " + why));
+  ReferenceOptions ro;
+  ro.bridge.python = a.python;
+  ro.sets = a.sets;
+  ro.device = "cuda";
+  ro.time = true;
+  if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", a.problem.c_str());
+  auto ref = PrepareReference(a.problem, ro);
+  if (!ref.ok()) return ReportError(ref.status());
+  for (const auto& w : ref->warnings) std::fprintf(stderr, "warning: %s: %s\n", a.problem.c_str(), w.c_str());
+  GpuEvaluatorOptions go;
+  go.drop_privileges = !a.keep_privileges;
+  go.run_timeout_s = a.run_timeout_s;
+  auto ev = GpuEvaluator::Create(*ref, go);
+  if (!ev.ok()) return ReportError(ev.status());
+  std::vector<Candidate> to_eval;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (load_errors[i].empty()) to_eval.push_back(cands[i]), index.push_back(i);
+  auto results = (*ev)->EvaluateBatch(to_eval);
+  if (!results.ok()) return ReportError(results.status());
+  std::vector<std::optional<Evaluation>> by_file(files.size());
+  for (size_t k = 0; k < index.size(); ++k) by_file[index[k]] = (*results)[k];
+  bool all_correct = true;
+  if (!batch) {
+    const Evaluation& e = *by_file[0];
+    all_correct = e.correct();
+    if (a.json) std::printf("%s\n", EvaluationToJson(e).dump(2).c_str());
+    else PrintEvaluation(e);
+    return all_correct ? kExitOk : kExitFailed;
+  }
+  if (!a.json) PrintBatchHeader();
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::string name = fs::path(files[i]).filename().string();
+    if (!by_file[i]) {
+      all_correct = false;
+      if (a.json) std::printf("%s\n", nlohmann::json{{"candidate", files[i]}, {"status", "parse_error"}, {"message", load_errors[i]}}.dump().c_str());
+      else PrintBatchRow(name, "parse_error", nullptr, load_errors[i]);
+      continue;
+    }
+    const Evaluation& e = *by_file[i];
+    all_correct = all_correct && e.correct();
+    if (a.json) {
+      auto j = EvaluationToJson(e);
+      j["candidate"] = files[i];
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      PrintBatchRow(name, EvalStatusName(e.status), &e, e.message);
+    }
+  }
+  if (!a.json) std::printf("\nworker restarts: %d\n", (*ev)->worker_restarts());
+  return all_correct ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+void RegisterEvalCommand(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand("eval", "Evaluate a candidate (or a directory of them) on the GPU: correctness and speed against PyTorch");
+  sub->add_option("problem", a->problem, "Problem file (KernelBench format .py)")->required()->check(CLI::ExistingFile);
+  sub->add_option("candidate", a->candidate, "A .cu (+ .json plan) or .md candidate, or a directory of them")
+      ->required()
+      ->check(CLI::ExistingPath);
+  sub->add_option("--plan", a->plan, "Launch-plan JSON file (single .cu candidate)")->check(CLI::ExistingFile);
+  sub->add_option("--sets", a->sets, "Input sets to check against")->capture_default_str()->check(CLI::Range(1, 16));
+  sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed")
+      ->capture_default_str();
+  sub->add_option("--python", a->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
+  sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");
+  sub->add_flag("--json", a->json, "Print JSON (one line per candidate for a directory)");
+  sub->footer("Exit status: 0 all correct, 1 some candidate not correct, 2 bad input, 3 no GPU / no torch.");
+  SetAction(sub, [a] { return Run(*a); });
+}
+
+}  // namespace ks::cli

@@ -1,0 +1,14 @@
+// Human-readable rendering of evaluations, shared by eval, show and the search's progress.
+#pragma once
+
+#include <string>
+
+#include "evaluator/evaluation.h"
+
+namespace ks::cli {
+
+void PrintEvaluation(const Evaluation& e);
+void PrintBatchHeader();
+void PrintBatchRow(const std::string& name, const std::string& status, const Evaluation* e, const std::string& message);
+
+}  // namespace ks::cli

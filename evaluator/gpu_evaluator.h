@@ -1,0 +1,117 @@
+// The trusted GPU evaluator (DESIGN.md, "Evaluator rules"). One per problem and
+// GPU. It owns:
+//  - the reference: K input sets, parameters and reference outputs loaded once
+//    into device memory of this process. Reference outputs never leave it.
+//  - a shared arena (CUDA IPC) holding the working inputs, parameters and output
+//    buffers the candidate sees, plus a pristine copy of the inputs to detect
+//    modification, and guard regions around outputs;
+//  - the sandboxed worker process (ks-worker serve) that runs candidates. A crash
+//    or hang ends only the worker, which is restarted for the next candidate.
+// Every run of a candidate is prepared identically (globals restored, scratch
+// refilled, outputs poisoned, L2 flushed), timed with device events and verified
+// here, so a candidate cannot behave differently when timed.
+// Not thread-safe: one caller at a time (GPU work is serialized per GPU);
+// EvaluateBatch compiles in parallel internally.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.h"
+#include "evaluator/compiler.h"
+#include "evaluator/cuda_driver.h"
+#include "evaluator/evaluator_api.h"
+#include "evaluator/problem.h"
+
+namespace ks {
+
+struct GpuEvaluatorOptions {
+  int device = 0;
+  std::string worker_path;          // "" = FindWorker
+  double run_timeout_s = 10;        // one run of the plan; a hung kernel ends here
+  double compile_timeout_s = 60;
+  int compile_threads = 4;
+  double target_timed_ms = 1000;    // timing: runs = clamp(target / estimate, min, max)
+  int min_timed_runs = 10;
+  int max_timed_runs = 200;
+  double warmup_ms = 25;            // and at least 3 warm-up runs
+  double max_eval_s = 20;           // wall-clock cap on the timed phase of one candidate
+  bool drop_privileges = true;      // the worker runs as nobody when we are root
+  size_t worker_log_cap = 64 * 1024;
+  double peak_tflops = 0;           // for the roofline; 0 = use the bandwidth floor only
+};
+
+class GpuEvaluator : public CandidateEvaluator {
+ public:
+  // Loads the reference onto the GPU and starts a worker. FailedPrecondition
+  // when there is no GPU.
+  static StatusOr<std::unique_ptr<GpuEvaluator>> Create(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
+  ~GpuEvaluator() override;
+
+  StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
+  std::string DeviceName() const override { return info_.name; }
+
+  // One candidate already compiled (the batch path calls this in order).
+  Evaluation EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled);
+
+  const DeviceInfo& device_info() const { return info_; }
+  double measured_bandwidth_gbps() const { return bandwidth_gbps_; }
+  int worker_restarts() const { return worker_restarts_; }
+  int sets() const { return static_cast<int>(ref_.sets.size()); }
+
+ private:
+  struct TensorSlot {
+    std::string name;
+    uint64_t offset = 0;  // in the arena (and in the pristine copy)
+    uint64_t bytes = 0;
+  };
+  struct OutputSlot {
+    const TensorSpec* spec = nullptr;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint64_t guard_offset = 0;
+    std::vector<DeviceBuffer> refs;  // one per input set; trusted memory only
+  };
+  struct RunResult {
+    EvalStatus status = EvalStatus::kCorrect;
+    std::string message;
+    double ms = 0;
+    std::vector<OutputError> errors;
+  };
+
+  GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
+  Status Setup();
+  Status LoadTensor(const std::string& path, CUdeviceptr dst, uint64_t bytes);
+  Status StartWorker();
+  void StopWorker(const std::string& why);
+  std::string TakeWorkerLog();
+  RunResult RunOnce(int set);
+  Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad);
+  StatusOr<uint64_t> CountDiffWords(CUdeviceptr a, CUdeviceptr b, uint64_t bytes);
+  StatusOr<uint64_t> CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill);
+  Status MeasureBandwidth();
+
+  ReferenceData ref_;
+  GpuEvaluatorOptions opts_;
+  const CudaDriver* d_ = nullptr;
+  PrimaryContext ctx_;
+  DeviceInfo info_;
+  std::string arch_;
+  Module helpers_;  // comparison kernels, compiled at start
+  CUfunction cmp_fn_[9] = {};
+  CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
+  DeviceBuffer arena_, pristine_, stats_;
+  uint64_t inputs_end_ = 0;
+  std::vector<std::vector<TensorSlot>> set_inputs_;  // per set
+  std::vector<TensorSlot> params_;
+  std::vector<OutputSlot> outputs_;
+  std::string ipc_handle_;
+  ChildProcess worker_;
+  std::string worker_log_path_;
+  bool worker_ready_ = false;
+  double bandwidth_gbps_ = 0;
+  int worker_restarts_ = 0;
+};
+
+}  // namespace ks

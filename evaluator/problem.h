@@ -1,0 +1,124 @@
+// Problems (DESIGN.md, contract 1) as the C++ side sees them: the reference
+// bridge (evaluator/reference/bridge.py, run with a python3 that has torch) is
+// the only code that executes a problem file; this module finds that python and
+// that script, runs it as a subprocess, and turns its JSON into a Signature or a
+// ReferenceData (reference inputs/parameters/outputs on disk, cached).
+//
+// Thread-safety: every function may be called from several threads; the python
+// probe is cached per process behind a mutex. Concurrent PrepareReference calls
+// for the same key (threads or processes) each compute into a private temporary
+// directory; the first to rename it into place wins and the others use it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "evaluator/evaluation.h"
+#include "evaluator/signature.h"
+
+namespace ks {
+
+// ---- Bundled data files --------------------------------------------------------
+
+// Finds a bundled data file by its path relative to the data directory
+// ("reference/bridge.py", "prompts/ideas.txt", "problems/softmax.py"). Tried in
+// order: $KS_DATA_DIR/<rel>; <exe dir>/../share/kernelsearch/<rel> (installed);
+// KS_SOURCE_DIR/<rel in the source tree>, where "reference/..." lives under
+// "evaluator/reference/...". NotFound lists every path tried.
+StatusOr<std::string> FindDataFile(const std::string& relative);
+
+// ---- Python with torch ---------------------------------------------------------
+
+struct PythonInfo {
+  std::string python;         // the interpreter, as it will be run
+  std::string torch_version;  // torch.__version__
+  bool cuda = false;          // torch.cuda.is_available()
+  std::string device;         // torch.cuda.get_device_name(0), or "cpu"
+};
+
+// Resolves the interpreter: `explicit_python` (a --python flag) > $KS_PYTHON >
+// the first of python3 on PATH and /usr/bin/python3 that can import torch. The
+// answer for each candidate is probed once per process (a subprocess that
+// imports torch) and cached. FailedPrecondition when none imports torch.
+StatusOr<PythonInfo> ResolvePython(const std::string& explicit_python = "");
+
+// ---- The bridge -----------------------------------------------------------------
+
+struct BridgeOptions {
+  std::string python;      // explicit interpreter; "" = ResolvePython's order
+  double timeout_s = 600;  // per bridge run; KernelBench-size problems on CPU are slow
+  bool verbose = false;    // append the bridge's traceback tail to error messages
+};
+
+// Loads a problem's signature. A defective problem file (syntax error, no
+// Model, get_inputs or forward raising, bad output, unsupported dtype, missing
+// file) is InvalidArgument whose message names the file and the cause.
+StatusOr<Signature> LoadProblemSignature(const std::string& file, const BridgeOptions& opts = {});
+
+// Warnings about outputs that would let a wrong kernel pass (all zeros,
+// constant, identical across input sets, NaN/Inf), from `bridge.py check`
+// (two input sets on `device`: "auto", "cuda" or "cpu"). Empty when none.
+StatusOr<std::vector<std::string>> CheckProblem(const std::string& file, const BridgeOptions& opts = {},
+                                                const std::string& device = "auto", uint64_t seed = 42);
+
+// ---- Reference data ---------------------------------------------------------------
+
+struct ReferenceOptions {
+  BridgeOptions bridge;
+  int sets = 3;                 // input sets; set i uses seed + 1 + i, the model uses seed
+  uint64_t seed = 42;
+  std::string device = "auto";  // "auto" (cuda when torch sees one), "cuda" or "cpu"
+  bool time = false;            // also time eager and torch.compile (CUDA only)
+  std::string cache_dir;        // "" = DefaultReferenceCacheDir()
+  bool refresh = false;         // recompute even when a complete entry exists
+};
+
+// One input set: every tensor's name (inputs, parameters, outputs) -> absolute
+// path of its raw little-endian contiguous bytes.
+struct ReferenceSet {
+  uint64_t seed = 0;
+  std::map<std::string, std::string> files;
+};
+
+// A complete reference directory, read back from its manifest.json. Plain data;
+// the directory lives in the cache and is never modified once complete.
+struct ReferenceData {
+  Signature signature;
+  std::string dir;                       // absolute
+  std::vector<ReferenceSet> sets;
+  std::string device;                    // GPU name, or "cpu"
+  std::string torch_version;
+  std::optional<TimingStats> eager;      // only when timed on CUDA
+  std::optional<TimingStats> compiled;   // also absent when torch.compile failed
+  std::vector<std::string> warnings;     // degenerate outputs, timing problems
+  std::map<std::string, double> scalars; // scalar inputs by name
+  bool from_cache = false;               // true when an existing entry was reused
+
+  // Absolute path of tensor `name` in input set `set`.
+  StatusOr<std::string> FilePath(int set, const std::string& name) const;
+};
+
+// $KS_CACHE_DIR, else $XDG_CACHE_HOME/kernelsearch/reference, else
+// ~/.cache/kernelsearch/reference.
+std::string DefaultReferenceCacheDir();
+
+// The reference for (problem bytes, sets, seed, device, bridge.py bytes, torch
+// version): reused from the cache when a complete entry exists, otherwise
+// computed by the bridge into a temporary directory that is renamed into place.
+// An untimed request also reuses a timed entry.
+StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts = {});
+
+// Reads a reference directory's manifest.json and checks that every file it
+// names exists with the size its signature implies (a truncated cache entry is
+// an error, not a silently short tensor).
+StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir);
+
+// Reads one tensor file into memory, checking its size against `spec`. For CPU
+// tests and small cases; large tensors go to the GPU without this copy.
+StatusOr<std::string> ReadTensorFile(const std::string& path, const TensorSpec& spec);
+
+}  // namespace ks

@@ -1,0 +1,780 @@
+#!/usr/bin/env python3
+"""The reference bridge: trusted Python that turns a problem file into data.
+
+A problem file is in the KernelBench format (DESIGN.md, contract 1):
+`class Model(torch.nn.Module)`, `get_inputs()`, `get_init_inputs()`, and the
+optional module-level names TOLERANCE, FLOPS and DESCRIPTION.
+
+Subcommands (each prints exactly one JSON object on stdout; anything the
+problem prints goes to stderr so it cannot corrupt that object):
+
+  signature PROBLEM.py [--device D]
+      the signature (names, dtypes, shapes) that SignatureFromJson in
+      evaluator/signature.cc reads.
+  reference PROBLEM.py --out DIR --sets K --seed S [--device D] [--time]
+      reference inputs, parameters and outputs as raw little-endian bytes, and
+      DIR/manifest.json (written last, atomically); prints the manifest.
+  check PROBLEM.py [--sets K] [--seed S] [--device D]
+      {"warnings": [...]}: outputs that would let a wrong kernel pass.
+
+A bad problem file prints {"error": {"kind", "message", "detail"}} and exits
+with status 2. Runs on torch 1.13 (CPU) and torch 2.x (GPU).
+"""
+
+import argparse
+import hashlib
+import inspect
+import json
+import math
+import numbers
+import os
+import random
+import sys
+import traceback
+
+EXIT_BAD_PROBLEM = 2
+EXIT_INTERNAL = 3
+
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8", "bool")
+
+# Per-dtype defaults, the same as Signature::ToleranceFor in evaluator/signature.cc:
+# the degenerate check asks "would a wrong kernel pass?", so it must use the
+# tolerance the evaluator will use.
+DEFAULT_TOLERANCE = {
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (2e-2, 2e-2),
+    "float64": (1e-8, 1e-6),
+    "float32": (1e-4, 1e-4),
+}
+
+# Reductions over huge outputs go chunk by chunk so that a 4 GiB output does
+# not need 4 GiB of temporaries on top of itself.
+CHUNK_ELEMENTS = 1 << 24
+
+
+class BridgeError(Exception):
+    """A problem-file defect, reported to the caller as {"error": ...}."""
+
+    def __init__(self, kind, message, detail=""):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.detail = detail
+
+
+def _traceback_tail(exc, max_lines=12, max_chars=2000):
+    lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
+    tail = "\n".join(lines[-max_lines:])
+    return tail[-max_chars:]
+
+
+def _first_line(exc, limit=500):
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return line[:limit]
+
+
+class Problem:
+    """A loaded problem module and where it came from."""
+
+    def __init__(self, path):
+        self.path = path                    # as given: messages name the file this way
+        self.abspath = os.path.abspath(path)
+        self.name = os.path.splitext(os.path.basename(path))[0]
+        self.module = None
+
+    # -- errors -------------------------------------------------------------------
+
+    def _line_in_file(self, exc):
+        """(line, function) of the innermost frame inside the problem file, or None."""
+        found = None
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if os.path.abspath(frame.filename) == self.abspath:
+                found = (frame.lineno, frame.name)
+        return found
+
+    def error(self, kind, stage, exc):
+        """A BridgeError for exception `exc` raised while doing `stage`."""
+        where = self._line_in_file(exc)
+        prefix = "%s: line %d: " % (self.path, where[0]) if where else "%s: " % self.path
+        msg = "%s%s raised %s: %s" % (prefix, stage, type(exc).__name__, _first_line(exc))
+        return BridgeError(kind, msg, _traceback_tail(exc))
+
+    def fail(self, kind, text):
+        return BridgeError(kind, "%s: %s" % (self.path, text))
+
+    # -- loading ------------------------------------------------------------------
+
+    def load(self):
+        if not os.path.exists(self.path):
+            raise self.fail("file_not_found", "no such file")
+        if os.path.isdir(self.path):
+            raise self.fail("file_not_found", "is a directory, not a problem file")
+        try:
+            with open(self.path, "rb") as f:
+                source = f.read()
+        except OSError as e:
+            raise self.fail("file_not_found", "cannot read: %s" % e.strerror)
+        try:
+            code = compile(source, self.abspath, "exec")
+        except SyntaxError as e:
+            line = "line %d: " % e.lineno if e.lineno else ""
+            detail = (e.text or "").rstrip()
+            raise BridgeError("syntax_error", "%s: %s%s" % (self.path, line, e.msg), detail)
+        except ValueError as e:  # e.g. null bytes in the source
+            raise self.fail("syntax_error", str(e))
+
+        import types
+        mod_name = "ks_problem_" + "".join(c if c.isalnum() else "_" for c in self.name)
+        module = types.ModuleType(mod_name)
+        module.__file__ = self.abspath
+        sys.modules[mod_name] = module  # dataclasses and pickling look modules up here
+        # Problems may import helpers that sit beside them.
+        sys.path.insert(0, os.path.dirname(self.abspath))
+        try:
+            exec(code, module.__dict__)
+        except ImportError as e:
+            raise self.error("import_error", "loading the module", e)
+        except Exception as e:  # noqa: BLE001 - any failure of user code is a report
+            raise self.error("load_error", "loading the module", e)
+        self.module = module
+
+        import torch
+        model_cls = getattr(module, "Model", None)
+        if model_cls is None:
+            raise self.fail("no_model", "defines no 'Model' class (expected class Model(torch.nn.Module))")
+        if not (inspect.isclass(model_cls) and issubclass(model_cls, torch.nn.Module)):
+            raise self.fail("no_model", "'Model' is not a subclass of torch.nn.Module")
+        if not callable(getattr(module, "get_inputs", None)):
+            raise self.fail("no_get_inputs", "defines no get_inputs() function")
+        init = getattr(module, "get_init_inputs", None)
+        if init is not None and not callable(init):
+            raise self.fail("bad_metadata", "get_init_inputs is not a function")
+        self._check_metadata()
+        return self
+
+    def _check_metadata(self):
+        m = self.module
+        tol = getattr(m, "TOLERANCE", None)
+        if tol is not None:
+            ok = isinstance(tol, dict) and set(tol) <= {"atol", "rtol"} and tol and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                for v in tol.values())
+            if not ok:
+                raise self.fail("bad_metadata", "TOLERANCE must be a dict like {'atol': 1e-4, 'rtol': 1e-4} "
+                                "with non-negative numbers, got %r" % (tol,))
+        flops = getattr(m, "FLOPS", None)
+        if flops is not None and (isinstance(flops, bool) or not isinstance(flops, numbers.Real)
+                                  or not math.isfinite(flops) or flops < 0):
+            raise self.fail("bad_metadata", "FLOPS must be a non-negative number, got %r" % (flops,))
+        desc = getattr(m, "DESCRIPTION", None)
+        if desc is not None and not isinstance(desc, str):
+            raise self.fail("bad_metadata", "DESCRIPTION must be a string, got %s" % type(desc).__name__)
+
+    @property
+    def tolerance(self):
+        tol = getattr(self.module, "TOLERANCE", None)
+        if tol is None:
+            return None
+        return {"atol": float(tol.get("atol", 0.0)), "rtol": float(tol.get("rtol", 0.0))}
+
+    @property
+    def flops(self):
+        flops = getattr(self.module, "FLOPS", None)
+        if flops is None:
+            return None
+        return int(flops) if float(flops).is_integer() else float(flops)
+
+    @property
+    def description(self):
+        return getattr(self.module, "DESCRIPTION", None) or ""
+
+    # -- running user code --------------------------------------------------------
+
+    def init_inputs(self):
+        fn = getattr(self.module, "get_init_inputs", None)
+        if fn is None:
+            return []
+        try:
+            args = fn()
+        except Exception as e:  # noqa: BLE001
+            raise self.error("init_error", "get_init_inputs()", e)
+        if not isinstance(args, (list, tuple)):
+            raise self.fail("init_error", "get_init_inputs() must return a list, got %s" % type(args).__name__)
+        return list(args)
+
+    def build_model(self, seed, device):
+        import torch
+        _seed_everything(seed)
+        args = self.init_inputs()
+        try:
+            model = self.module.Model(*args)
+        except Exception as e:  # noqa: BLE001
+            raise self.error("init_error", "Model(*get_init_inputs())", e)
+        if device is not None:
+            try:
+                model = model.to(device)
+            except Exception as e:  # noqa: BLE001
+                raise self.error("device_error", "moving Model to %s" % device, e)
+        if not isinstance(model, torch.nn.Module):
+            raise self.fail("no_model", "Model(...).to() did not return a module")
+        return model
+
+    def inputs(self, seed, device):
+        import torch
+        _seed_everything(seed)
+        try:
+            values = self.module.get_inputs()
+        except Exception as e:  # noqa: BLE001
+            raise self.error("get_inputs_error", "get_inputs()", e)
+        if not isinstance(values, (list, tuple)):
+            raise self.fail("bad_inputs", "get_inputs() must return a list, got %s" % type(values).__name__)
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, torch.Tensor):
+                if device is not None and v.device != device:
+                    try:
+                        v = v.to(device)
+                    except Exception as e:  # noqa: BLE001
+                        raise self.error("device_error", "moving input %d to %s" % (i, device), e)
+                out.append(v)
+            elif isinstance(v, (bool, numbers.Integral, numbers.Real)):
+                out.append(v)
+            else:
+                raise self.fail("bad_inputs", "get_inputs() item %d is a %s; only tensors, ints, floats and "
+                                "bools are supported" % (i, type(v).__name__))
+        return out
+
+    def forward(self, model, inputs):
+        import torch
+        try:
+            with torch.no_grad():
+                result = model(*inputs)
+            if any(isinstance(t, torch.Tensor) and t.is_cuda for t in _as_list(result)):
+                torch.cuda.synchronize()  # surface asynchronous CUDA errors here, inside the try
+        except Exception as e:  # noqa: BLE001
+            raise self.error("forward_error", "forward()", e)
+        return self._outputs(result)
+
+    def _outputs(self, result):
+        import torch
+        if isinstance(result, torch.Tensor):
+            return [("out", result)]
+        if isinstance(result, (list, tuple)):
+            if not result:
+                raise self.fail("bad_output", "forward() returned an empty %s" % type(result).__name__)
+            outs = []
+            for i, t in enumerate(result):
+                if not isinstance(t, torch.Tensor):
+                    raise self.fail("bad_output", "forward() output %d is a %s; outputs must be tensors"
+                                    % (i, type(t).__name__))
+                outs.append(("out%d" % i, t))
+            return outs
+        raise self.fail("bad_output", "forward() returned a %s; it must return a tensor or a tuple of tensors"
+                        % type(result).__name__)
+
+    def input_names(self, model, count):
+        """forward's parameter names for `count` positional arguments."""
+        try:
+            params = list(inspect.signature(model.forward).parameters.values())
+        except (TypeError, ValueError):
+            return ["in%d" % i for i in range(count)]
+        names, var = [], None
+        for p in params:
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                names.append(p.name)
+            elif p.kind == p.VAR_POSITIONAL:
+                var = p.name
+                break
+        if count > len(names):
+            if var is None:
+                raise self.fail("bad_inputs", "get_inputs() returns %d values but forward() takes %d (%s)"
+                                % (count, len(names), ", ".join(names)))
+            names += ["%s%d" % (var, i) for i in range(count - len(names))]
+        return names[:count]
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _seed_everything(seed):
+    import torch
+    torch.manual_seed(seed)  # CPU and every CUDA device
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed % (1 << 32))
+    except ImportError:
+        pass
+
+
+def _dtype_name(t):
+    import torch
+    names = {
+        torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+        torch.float64: "float64", torch.int32: "int32", torch.int64: "int64",
+        torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+    }
+    return names.get(t.dtype)
+
+
+def _contiguous_strides(shape):
+    strides, s = [], 1
+    for d in reversed(shape):
+        strides.append(s)
+        s *= d
+    return list(reversed(strides))
+
+
+def tensor_spec(problem, role, name, t):
+    dtype = _dtype_name(t)
+    if dtype is None:
+        raise problem.fail("unsupported_dtype", "%s '%s' has dtype %s, which kernelsearch does not support "
+                           "(supported: %s)" % (role, name, str(t.dtype).replace("torch.", ""),
+                                                 ", ".join(SUPPORTED_DTYPES)))
+    shape = [int(d) for d in t.shape]
+    # Data is always written contiguously, so the strides are the contiguous ones.
+    return {"name": name, "dtype": dtype, "kind": "tensor", "shape": shape, "strides": _contiguous_strides(shape)}
+
+
+def scalar_spec(problem, name, v):
+    if isinstance(v, bool):
+        return {"name": name, "dtype": "bool", "kind": "scalar", "value": int(v)}
+    if isinstance(v, numbers.Integral):
+        return {"name": name, "dtype": "int64", "kind": "scalar", "value": int(v)}
+    f = float(v)
+    if not math.isfinite(f):
+        raise problem.fail("bad_inputs", "scalar input '%s' is %r; scalars must be finite" % (name, f))
+    return {"name": name, "dtype": "float64", "kind": "scalar", "value": f}
+
+
+def input_specs(problem, model, inputs):
+    import torch
+    names = problem.input_names(model, len(inputs))
+    return [tensor_spec(problem, "input", n, v) if isinstance(v, torch.Tensor) else scalar_spec(problem, n, v)
+            for n, v in zip(names, inputs)]
+
+
+def parameter_specs(problem, model):
+    return [tensor_spec(problem, "parameter", k, v) for k, v in model.state_dict().items()]
+
+
+def output_specs(problem, outputs):
+    return [tensor_spec(problem, "output", n, t) for n, t in outputs]
+
+
+def make_signature(problem, inputs, params, outputs):
+    sig = {
+        "file": problem.path,
+        "name": problem.name,
+        "description": problem.description,
+        "tolerance": problem.tolerance,
+        "flops": problem.flops,
+        "inputs": inputs,
+        "parameters": params,
+        "outputs": outputs,
+    }
+    names = {}
+    for group in ("inputs", "parameters", "outputs"):
+        for e in sig[group]:
+            if e["name"] in names:
+                raise problem.fail("name_collision", "the name '%s' is used by both %s and %s; every input, "
+                                   "parameter and output needs its own name" % (e["name"], names[e["name"]], group))
+            names[e["name"]] = group
+    return sig
+
+
+def resolve_device(problem, requested):
+    import torch
+    if requested in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise BridgeError("device_error", "%s: --device cuda was asked for but torch %s sees no CUDA device"
+                          % (problem.path, torch.__version__))
+    return torch.device(requested)
+
+
+# -- signature -----------------------------------------------------------------------
+
+
+def _signature_on_meta(problem, seed):
+    """Shapes and dtypes without computing anything, on torch >= 2 ("meta" device).
+
+    Returns None when meta does not work for this problem (torch 1.13 has no
+    device context manager; ops with data-dependent shapes, .item(), or
+    explicitly placed tensors fail on meta): the caller then runs for real.
+    """
+    import torch
+    if os.environ.get("KS_BRIDGE_NO_META") or not hasattr(torch, "compile"):
+        return None
+    try:
+        meta = torch.device("meta")
+        with meta:
+            model = problem.build_model(seed, None)
+            inputs = problem.inputs(seed + 1, None)
+            with torch.no_grad():
+                result = model(*inputs)
+        if any(isinstance(t, torch.Tensor) and t.device != meta for t in _as_list(result)):
+            return None
+    except Exception:  # noqa: BLE001 - any failure on meta means "run it for real"
+        return None
+    return model, inputs, result
+
+
+def cmd_signature(problem, args):
+    meta = _signature_on_meta(problem, args.seed)
+    if meta is not None:
+        model, inputs, result = meta
+        outputs = problem._outputs(result)
+    else:
+        device = resolve_device(problem, args.device)
+        model = problem.build_model(args.seed, device)
+        inputs = problem.inputs(args.seed + 1, device)
+        outputs = problem.forward(model, inputs)
+    return make_signature(problem, input_specs(problem, model, inputs), parameter_specs(problem, model),
+                          output_specs(problem, outputs))
+
+
+# -- reference data and the degenerate-output check -------------------------------------
+
+
+def _host_array(t):
+    """A contiguous numpy array of t's bytes (bf16 viewed as int16: numpy has no bf16)."""
+    import torch
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.contiguous().cpu().numpy()
+
+
+def store_tensor(t, path):
+    """Writes t to path (when given) and returns the SHA-1 of its bytes."""
+    arr = _host_array(t)
+    if path is not None:
+        arr.tofile(path)
+    digest = hashlib.sha1(arr.reshape(-1).view("uint8")).hexdigest() if arr.size else hashlib.sha1().hexdigest()
+    del arr
+    return digest
+
+
+def _tolerance_for(problem, dtype):
+    tol = problem.tolerance
+    if tol is not None:
+        return tol["atol"], tol["rtol"]
+    return DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+
+
+def output_stats(t, atol, rtol):
+    """One pass over t in chunks: NaN/Inf counts, finite min/max/max|x|, and how
+    many elements a kernel writing zeros would get right."""
+    import torch
+    flat = t.detach().reshape(-1)
+    st = {"numel": flat.numel(), "nan": 0, "inf": 0, "min": None, "max": None, "absmax": 0.0, "zero_ok": 0,
+          "zeros": 0}
+    floating = flat.is_floating_point()
+    for i in range(0, flat.numel(), CHUNK_ELEMENTS):
+        c = flat[i:i + CHUNK_ELEMENTS]
+        if floating:
+            if c.dtype in (torch.float16, torch.bfloat16):
+                c = c.float()
+            finite = torch.isfinite(c)
+            nfinite = int(finite.sum())
+            if nfinite != c.numel():
+                nan = int(torch.isnan(c).sum())
+                st["nan"] += nan
+                st["inf"] += c.numel() - nfinite - nan
+                c = c[finite]
+            if c.numel():
+                lo, hi = float(c.min()), float(c.max())
+                a = c.abs()
+                st["absmax"] = max(st["absmax"], float(a.max()))
+                # |0 - ref| <= atol + rtol * |ref|: the evaluator's test for a zeros output.
+                st["zero_ok"] += int((a <= atol + rtol * a).sum())
+                st["zeros"] += int((a == 0).sum())
+                del a
+            else:
+                continue
+        else:
+            if c.dtype == torch.bool:
+                c = c.to(torch.uint8)
+            lo, hi = float(c.min()), float(c.max())
+            st["absmax"] = max(st["absmax"], abs(lo), abs(hi))
+            st["zero_ok"] += int((c == 0).sum())
+            st["zeros"] = st["zero_ok"]
+        st["min"] = lo if st["min"] is None else min(st["min"], lo)
+        st["max"] = hi if st["max"] is None else max(st["max"], hi)
+    return st
+
+
+def degenerate_reasons(name, st, atol, rtol):
+    """(key, message) pairs for one output of one input set."""
+    n = st["numel"]
+    if n == 0:
+        return [("empty", "output '%s' is empty (0 elements)" % name)]
+    reasons = []
+    if st["nan"] or st["inf"]:
+        reasons.append(("nonfinite", "output '%s' contains NaN or Inf (%d NaN, %d Inf of %d elements): those "
+                        "elements cannot tell a right kernel from a wrong one" % (name, st["nan"], st["inf"], n)))
+    if st["zero_ok"] == n:
+        if st["absmax"] == 0:
+            reasons.append(("zero", "output '%s' is all zeros: a kernel that writes zeros would pass" % name))
+        else:
+            reasons.append(("zero", "output '%s' is within tolerance of zero everywhere (max |value| %.3g, atol "
+                            "%.3g): a kernel that writes zeros would pass" % (name, st["absmax"], atol)))
+    elif n >= 100 and st["zeros"] >= 0.99 * n:
+        # Exact zeros, not "within atol of zero": a wide softmax is mostly below
+        # atol yet perfectly meaningful, while a 99%-zero output tests little.
+        reasons.append(("zero", "output '%s' is nearly all zeros (%.2f%% of elements are exactly 0)"
+                        % (name, 100.0 * st["zeros"] / n)))
+    elif n > 1 and st["min"] is not None:
+        span = st["max"] - st["min"]
+        if span <= max(atol, rtol * st["absmax"]):
+            reasons.append(("constant", "output '%s' is constant (every element %.6g): a kernel that writes one "
+                            "value would pass" % (name, st["min"])))
+    return reasons
+
+
+class WarningLog:
+    """Warnings deduplicated by (output, reason), naming the input sets they occur in."""
+
+    def __init__(self):
+        self._entries = {}  # key -> [message, sets]
+        self._plain = []
+
+    def add(self, key, message, set_index):
+        entry = self._entries.setdefault(key, [message, []])
+        entry[1].append(set_index)
+
+    def add_plain(self, message):
+        self._plain.append(message)
+
+    def messages(self, total_sets):
+        out = []
+        for message, sets in self._entries.values():
+            if total_sets > 1 and len(sets) < total_sets:
+                message += " (input set%s %s)" % ("s" if len(sets) > 1 else "", ", ".join(map(str, sets)))
+            out.append(message)
+        return out + self._plain
+
+
+def _fits_for_timing(kept_bytes, new_bytes, device):
+    """Whether another input set may stay on the device for timing (the first always does)."""
+    import torch
+    if kept_bytes == 0:
+        return True
+    try:
+        free, _ = torch.cuda.mem_get_info(device)
+    except Exception:  # noqa: BLE001 - old torch: keep one set only
+        return False
+    return kept_bytes + new_bytes <= 0.3 * free
+
+
+def run_reference(problem, out_dir, sets, seed, device_name, do_time):
+    """Builds the model, runs K input sets, writes them when out_dir is given.
+
+    Returns the manifest dict (without "files" when out_dir is None).
+    """
+    import torch
+    if sets < 1:
+        raise BridgeError("bad_arguments", "--sets must be at least 1")
+    device = resolve_device(problem, device_name)
+    model = problem.build_model(seed, device)
+    params = parameter_specs(problem, model)
+
+    files_params = {}
+    if out_dir is not None:
+        os.makedirs(os.path.join(out_dir, "params"), exist_ok=True)
+        # Written before any forward: a forward that updates buffers (BatchNorm in
+        # training mode) must not change what the candidate is given.
+        for k, v in model.state_dict().items():
+            rel = "params/%s.bin" % k
+            store_tensor(v, os.path.join(out_dir, rel))
+            files_params[k] = rel
+
+    warnings = WarningLog()
+    sig_inputs = sig_outputs = None
+    scalars = {}
+    manifest_sets = []
+    input_hashes, output_hashes = [], []
+    timing_sets, kept_bytes = [], 0
+    for i in range(sets):
+        set_seed = seed + 1 + i
+        inputs = problem.inputs(set_seed, device)
+        specs = input_specs(problem, model, inputs)
+        if sig_inputs is None:
+            sig_inputs = specs
+            scalars = {s["name"]: s["value"] for s in specs if s["kind"] == "scalar"}
+        elif specs != sig_inputs:
+            raise problem.fail("inputs_vary", "get_inputs() returns different names, dtypes, shapes or scalar "
+                               "values for seeds %d and %d; only tensor values may change" % (seed + 1, set_seed))
+        set_dir = None
+        if out_dir is not None:
+            set_dir = os.path.join(out_dir, "set%d" % i)
+            os.makedirs(set_dir, exist_ok=True)
+        files = dict(files_params)
+        hashes = []
+        # Inputs are written before forward runs, in case forward changes them in place.
+        for spec, v in zip(specs, inputs):
+            if spec["kind"] != "tensor":
+                continue
+            path = os.path.join(set_dir, spec["name"] + ".bin") if set_dir else None
+            hashes.append(store_tensor(v, path))
+            if path:
+                files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
+        input_hashes.append(hashes)
+
+        outputs = problem.forward(model, inputs)
+        ospecs = output_specs(problem, outputs)
+        if sig_outputs is None:
+            sig_outputs = ospecs
+        elif ospecs != sig_outputs:
+            raise problem.fail("inputs_vary", "forward() returns different output shapes or dtypes for seeds "
+                               "%d and %d" % (seed + 1, set_seed))
+        ohashes = []
+        for (name, t), spec in zip(outputs, ospecs):
+            atol, rtol = _tolerance_for(problem, spec["dtype"])
+            for key, msg in degenerate_reasons(name, output_stats(t, atol, rtol), atol, rtol):
+                warnings.add((name, key), msg, i)
+            path = os.path.join(set_dir, name + ".bin") if set_dir else None
+            ohashes.append(store_tensor(t, path))
+            if path:
+                files[name] = "set%d/%s.bin" % (i, name)
+        output_hashes.append(ohashes)
+        del outputs
+        manifest_sets.append({"seed": set_seed, "files": files})
+
+        if do_time and device.type == "cuda":
+            nbytes = sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))
+            if _fits_for_timing(kept_bytes, nbytes, device):
+                timing_sets.append(inputs)
+                kept_bytes += nbytes
+        del inputs
+
+    if sets > 1:
+        if all(h == input_hashes[0] for h in input_hashes[1:]):
+            if input_hashes[0]:
+                warnings.add_plain("get_inputs() returns the same tensors for seeds %d..%d: the input sets do "
+                                   "not differ (does it draw from torch's random generator?)"
+                                   % (seed + 1, seed + sets))
+        else:
+            for j, spec in enumerate(sig_outputs):
+                if all(h[j] == output_hashes[0][j] for h in output_hashes[1:]):
+                    warnings.add_plain("output '%s' is identical for all %d input sets although the inputs differ: "
+                                       "it does not depend on the inputs" % (spec["name"], sets))
+
+    timing = {"eager": None, "compiled": None}
+    if do_time and device.type == "cuda":
+        import timing as ks_timing
+        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device)
+        timing = {"eager": eager, "compiled": compiled}
+        for w in timing_warnings:
+            warnings.add_plain(w)
+    del timing_sets
+
+    manifest = {
+        "signature": make_signature(problem, sig_inputs, params, sig_outputs),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "sets": manifest_sets,
+        "timing": timing,
+        "warnings": warnings.messages(sets),
+        "scalars": scalars,
+    }
+    return manifest
+
+
+def write_manifest(out_dir, manifest):
+    # Written last and atomically: a directory without manifest.json is incomplete.
+    path = os.path.join(out_dir, "manifest.json")
+    tmp = path + ".tmp.%d" % os.getpid()
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def cmd_reference(problem, args):
+    if not args.out:
+        raise BridgeError("bad_arguments", "reference needs --out DIR")
+    manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
+    write_manifest(args.out, manifest)
+    return manifest
+
+
+def cmd_check(problem, args):
+    manifest = run_reference(problem, None, max(args.sets, 2), args.seed, args.device, False)
+    return {"warnings": manifest["warnings"]}
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+class _ArgumentError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _ArgumentError(message)
+
+
+def _parser():
+    p = _Parser(prog="bridge.py", description="kernelsearch reference bridge")
+    sub = p.add_subparsers(dest="command")
+    for name in ("signature", "reference", "check"):
+        s = sub.add_parser(name)
+        s.add_argument("problem")
+        s.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+        s.add_argument("--seed", type=int, default=42)
+        s.add_argument("--sets", type=int, default=3 if name == "reference" else 2)
+        if name == "reference":
+            s.add_argument("--out")
+            s.add_argument("--time", action="store_true")
+    return p
+
+
+def main(argv):
+    # The JSON answer goes to the original stdout; everything else (the problem's
+    # prints, torch's warnings, C extensions writing to fd 1) goes to stderr.
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing.py
+
+    def emit(obj, code):
+        answer.write(json.dumps(obj, allow_nan=False) + "\n")
+        answer.flush()
+        return code
+
+    try:
+        args = _parser().parse_args(argv)
+        if args.command is None:
+            raise _ArgumentError("a subcommand is required: signature, reference or check")
+    except _ArgumentError as e:
+        return emit({"error": {"kind": "bad_arguments", "message": "bridge.py: %s" % e, "detail": ""}},
+                    EXIT_BAD_PROBLEM)
+    try:
+        import torch  # noqa: F401 - fail here, clearly, when torch is missing
+    except ImportError as e:
+        return emit({"error": {"kind": "no_torch", "message": "%s cannot import torch: %s" % (sys.executable, e),
+                               "detail": ""}}, EXIT_INTERNAL)
+    try:
+        problem = Problem(args.problem).load()
+        result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check}[args.command](
+            problem, args)
+        return emit(result, 0)
+    except BridgeError as e:
+        return emit({"error": {"kind": e.kind, "message": e.message, "detail": e.detail}}, EXIT_BAD_PROBLEM)
+    except MemoryError as e:
+        return emit({"error": {"kind": "out_of_memory", "message": "%s: out of host memory" % args.problem,
+                               "detail": _traceback_tail(e)}}, EXIT_BAD_PROBLEM)
+    except Exception as e:  # noqa: BLE001 - a bug here must still answer in JSON
+        return emit({"error": {"kind": "internal", "message": "%s: reference bridge failed: %s: %s"
+                               % (args.problem, type(e).__name__, _first_line(e)), "detail": _traceback_tail(e)}},
+                    EXIT_INTERNAL)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

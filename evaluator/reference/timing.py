@@ -1,0 +1,120 @@
+"""GPU timing of a callable, by the same method the C++ worker uses.
+
+Kept apart from bridge.py so that benchmarks (e.g. an agreement check against
+triton.testing.do_bench) can import it. The method, step by step, is the
+contract: change it here and in the worker together, or the speedups that
+compare a candidate with PyTorch stop meaning anything.
+
+  * An L2 flush buffer of max(2 * L2 bytes, 64 MiB) int8 is zeroed before every
+    measured call, so no call finds its inputs in L2 from the call before.
+  * Each call: flush.zero_(); start.record(); fn(); torch.cuda.synchronize();
+    end.record(); end.synchronize(); elapsed = start.elapsed_time(end).
+    The device-wide sync before end.record() makes work the callable launched
+    on other streams count too.
+  * Warm-up: at least 3 calls and at least 25 ms of measured call time
+    (capped at WARMUP_MAX_CALLS calls, so that a near-empty callable cannot
+    spin for minutes). The first call may include torch.compile's compilation
+    or cuDNN autotuning; the estimate is the median of the warm-up calls so one
+    slow first call does not skew it.
+  * n = clamp(ceil(1000 ms / estimate), 10, 200) measured calls, rotating
+    through the argument sets.
+"""
+
+import math
+import statistics
+
+import torch
+
+FLUSH_MIN_BYTES = 64 << 20
+DEFAULT_L2_BYTES = 50 << 20  # when the device does not report its L2 size
+WARMUP_MIN_CALLS = 3
+WARMUP_MIN_MS = 25.0
+WARMUP_MAX_CALLS = 1000
+TARGET_MS = 1000.0
+MIN_RUNS = 10
+MAX_RUNS = 200
+
+
+def l2_bytes(device=None):
+    props = torch.cuda.get_device_properties(device if device is not None else 0)
+    size = getattr(props, "L2_cache_size", None)
+    return int(size) if size else DEFAULT_L2_BYTES
+
+
+def flush_bytes(device=None):
+    return max(2 * l2_bytes(device), FLUSH_MIN_BYTES)
+
+
+def run_count(estimate_ms):
+    if estimate_ms <= 0:
+        return MAX_RUNS
+    return int(min(MAX_RUNS, max(MIN_RUNS, math.ceil(TARGET_MS / estimate_ms))))
+
+
+def stats(times_ms):
+    return {
+        "median_ms": statistics.median(times_ms),
+        "mean_ms": statistics.fmean(times_ms),
+        "min_ms": min(times_ms),
+        "max_ms": max(times_ms),
+        "stddev_ms": statistics.pstdev(times_ms) if len(times_ms) > 1 else 0.0,
+        "runs": len(times_ms),
+    }
+
+
+class Timer:
+    """Owns the flush buffer and the two events; reuse it across callables."""
+
+    def __init__(self, device=None):
+        self.device = torch.device(device if device is not None else "cuda")
+        self.flush = torch.empty(flush_bytes(self.device), dtype=torch.int8, device=self.device)
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def call_ms(self, fn, args):
+        self.flush.zero_()
+        self.start.record()
+        fn(*args)
+        torch.cuda.synchronize()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+    def measure(self, fn, arg_sets):
+        """Times fn(*args) rotating over arg_sets (a non-empty list of lists)."""
+        if not arg_sets:
+            raise ValueError("measure needs at least one argument set")
+        warm = []
+        total = 0.0
+        while len(warm) < WARMUP_MIN_CALLS or (total < WARMUP_MIN_MS and len(warm) < WARMUP_MAX_CALLS):
+            t = self.call_ms(fn, arg_sets[len(warm) % len(arg_sets)])
+            warm.append(t)
+            total += t
+        n = run_count(statistics.median(warm))
+        times = [self.call_ms(fn, arg_sets[i % len(arg_sets)]) for i in range(n)]
+        return stats(times)
+
+
+def time_model(model, arg_sets, device=None, compile_model=True):
+    """Times eager forward and torch.compile(model) on the same inputs.
+
+    Returns (eager_stats, compiled_stats_or_None, warnings).
+    """
+    warnings = []
+    timer = Timer(device)
+    with torch.no_grad():
+        eager = timer.measure(model, arg_sets)
+        compiled = None
+        if compile_model:
+            if not hasattr(torch, "compile"):
+                warnings.append("torch.compile timing skipped: torch %s has no torch.compile (needs >= 2.0)"
+                                % torch.__version__)
+            else:
+                try:
+                    compiled_model = torch.compile(model)
+                    compiled = timer.measure(compiled_model, arg_sets)
+                except Exception as e:  # noqa: BLE001 - any compile failure is a reported fact
+                    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    warnings.append("torch.compile failed, no compiled timing: %s: %s"
+                                    % (type(e).__name__, msg[:300]))
+    return eager, compiled, warnings

@@ -1,0 +1,166 @@
+// The adversarial suite (issue 4): every known way to cheat the evaluator, each
+// rejected with the right status, and an honest control passing in the same run.
+// The candidates live in tests/adversarial/cases/ as .md files, so a user can
+// also run them with `kernelsearch eval tests/evaluator/gpu_fixtures/scale.py tests/adversarial/cases/`.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "common/files.h"
+#include "evaluator/candidate_parser.h"
+#include "tests/evaluator/gpu_test_util.h"
+
+namespace ks {
+namespace {
+
+using ks::testing::EvaluatorFor;
+using ks::testing::GpuFixture;
+
+struct Expectation {
+  std::string file;
+  std::string statuses;  // accepted statuses, '|'-separated
+  std::string message;   // substring the message must hold ("" = any)
+};
+
+const std::vector<Expectation>& ScaleCases() {
+  static const std::vector<Expectation> cases = {
+      {"control_scale", "correct", ""},
+      {"01_writes_nothing", "incorrect", "never written"},
+      {"02_writes_first_row", "incorrect", "never written"},
+      {"03_every_other", "incorrect", "never written"},
+      {"04_cache_unkeyed", "incorrect", "keeps state across runs"},
+      {"05_cache_by_pointer", "incorrect", "keeps state across runs"},
+      {"06_count_calls", "incorrect", "keeps state across runs"},
+      {"07_zeroes_input", "incorrect", "input 'x' was modified"},
+      {"08_input_as_scratch", "incorrect", "input 'x' was modified"},
+      {"09_writes_past_output", "runtime_error", "past the end of output 'out'"},
+      {"10_writes_past_scratch", "runtime_error", "past the end of scratch"},
+      {"11_reads_far", "runtime_error", "CUDA_ERROR_ILLEGAL_ADDRESS"},
+      {"12_scans_backwards", "incorrect|runtime_error", ""},
+      {"13_spins_forever", "timeout", "did not finish"},
+      {"15_half_precision", "incorrect", "elements wrong"},
+      {"16_absurd_grid", "invalid_plan", "grid.x = 2147483648"},
+      {"17_terabyte_scratch", "invalid_plan", "exceeds the scratch limit"},
+      {"18_static_smem_200k", "compile_error", "shared"},
+      {"20_template_bomb", "compile_error", "timed out"},
+      {"21_include_passwd", "compile_error", "outside the CUDA include tree"},
+      {"22_device_launch", "compile_error", ""},
+      {"23_printf_flood", "correct", ""},
+      {"25_clock_skip", "incorrect", "never written"},
+  };
+  return cases;
+}
+
+std::string CasePath(const std::string& name) {
+  return std::string(KS_SOURCE_DIR) + "/tests/adversarial/cases/" + name + ".md";
+}
+
+bool StatusAccepted(const std::string& accepted, EvalStatus s) {
+  std::string name = EvalStatusName(s);
+  size_t start = 0;
+  while (start <= accepted.size()) {
+    size_t end = accepted.find('|', start);
+    if (end == std::string::npos) end = accepted.size();
+    if (accepted.substr(start, end - start) == name) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+void Row(const std::string& attack, const std::string& expected, const Evaluation& e) {
+  std::string msg = e.message.size() > 90 ? e.message.substr(0, 87) + "..." : e.message;
+  std::printf("| %-24s | %-24s | %-14s | %s |\n", attack.c_str(), expected.c_str(), EvalStatusName(e.status), msg.c_str());
+}
+
+TEST(AdversarialTest, EveryCheatIsRejectedAndTheControlPassesInTheSameBatch) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"), 3, /*run_timeout_s=*/3, /*compile_timeout_s=*/10);
+  ASSERT_NE(ev, nullptr);
+  std::vector<Candidate> cands;
+  for (const auto& c : ScaleCases()) {
+    auto cand = LoadCandidateFiles(CasePath(c.file), "");
+    ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
+    cands.push_back(*cand);
+  }
+  // Attack 10: ten megabytes of source.
+  cands.push_back({std::string(10 << 20, ' ') + "extern \"C\" __global__ void scale(const float* x, float* out, long long n) {}",
+                   cands[0].plan_json});
+  auto results = ev->EvaluateBatch(cands);
+  ASSERT_TRUE(results.ok()) << results.status().ToString();
+  ASSERT_EQ(results->size(), cands.size());
+  std::printf("| %-24s | %-24s | %-14s | %s |\n", "attack", "expected", "observed", "message");
+  for (size_t i = 0; i < ScaleCases().size(); ++i) {
+    const auto& c = ScaleCases()[i];
+    const Evaluation& e = (*results)[i];
+    Row(c.file, c.statuses, e);
+    EXPECT_TRUE(StatusAccepted(c.statuses, e.status))
+        << c.file << ": expected " << c.statuses << ", got " << EvalStatusName(e.status) << ": " << e.message;
+    if (!c.message.empty()) EXPECT_THAT(e.message, ::testing::HasSubstr(c.message)) << c.file;
+  }
+  const Evaluation& big = results->back();
+  Row("19_source_10mb", "compile_error", big);
+  EXPECT_EQ(big.status, EvalStatus::kCompileError);
+  EXPECT_THAT(big.message, ::testing::HasSubstr("limit"));
+  // Attack 12: the flood is captured, and capped.
+  const Evaluation& flood = (*results)[21];
+  EXPECT_THAT(flood.worker_log, ::testing::HasSubstr("says hello"));
+  EXPECT_LE(flood.worker_log.size(), 64u * 1024 + 200);
+  EXPECT_THAT(flood.worker_log, ::testing::HasSubstr("more bytes of worker output dropped"));
+}
+
+TEST(AdversarialTest, ModifyingAParameterIsCaught) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("layernorm_small.py"));
+  ASSERT_NE(ev, nullptr);
+  auto cand = LoadCandidateFiles(CasePath("26_modifies_weights"), "");
+  ASSERT_TRUE(cand.ok());
+  auto r = ev->EvaluateBatch({*cand});
+  ASSERT_TRUE(r.ok());
+  Row("26_modifies_weights", "incorrect", (*r)[0]);
+  EXPECT_EQ((*r)[0].status, EvalStatus::kIncorrect);
+  EXPECT_THAT((*r)[0].message, ::testing::HasSubstr("input 'ln.weight' was modified"));
+}
+
+TEST(AdversarialTest, HardCodingOneInputSetFailsOnTheOthers) {
+  KS_REQUIRE_GPU();
+  // Attack 8: the answer for input set 0, read from the reference itself, baked
+  // into the kernel. It must pass set 0 and fail set 1.
+  ReferenceOptions ro;
+  ro.sets = 3;
+  ro.device = "cuda";
+  ro.time = true;
+  auto ref = PrepareReference(GpuFixture("tiny_add.py"), ro);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  auto path = ref->FilePath(0, "out");
+  ASSERT_TRUE(path.ok());
+  auto bytes = ReadTensorFile(*path, ref->signature.outputs[0]);
+  ASSERT_TRUE(bytes.ok());
+  std::string table;
+  for (int i = 0; i < 8; ++i) {
+    float v;
+    std::memcpy(&v, bytes->data() + 4 * i, 4);
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    table += std::string(i ? ", " : "") + buf + "f";
+  }
+  std::string src = "__constant__ float kAnswer[8] = {" + table + "};\n"
+                    "extern \"C\" __global__ void add(const float* a, const float* b, float* out) {\n"
+                    "  if (threadIdx.x < 8) out[threadIdx.x] = kAnswer[threadIdx.x];\n}\n";
+  const char* plan = R"P({"launches": [{"kernel": "add", "grid": [1], "block": [32], "args": ["a", "b", "out"]}]})P";
+  const char* honest = "extern \"C\" __global__ void add(const float* a, const float* b, float* out) {\n"
+                       "  if (threadIdx.x < 8) out[threadIdx.x] = a[threadIdx.x] + b[threadIdx.x];\n}\n";
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("tiny_add.py"));
+  ASSERT_NE(ev, nullptr);
+  auto r = ev->EvaluateBatch({Candidate{src, plan}, Candidate{honest, plan}});
+  ASSERT_TRUE(r.ok());
+  Row("14_hardcoded_set0", "incorrect", (*r)[0]);
+  EXPECT_EQ((*r)[0].status, EvalStatus::kIncorrect);
+  EXPECT_THAT((*r)[0].message, ::testing::HasSubstr("input set 1"));
+  EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
+}
+
+}  // namespace
+}  // namespace ks

@@ -1,0 +1,179 @@
+// Starts the real `kernelsearch serve` binary for end-to-end tests and the load
+// benchmark: a private directory with a token, a lineage store seeded with a
+// problem (no torch needed), a stand-in model (command: backend, a shell
+// script) and the scripted evaluator; an ephemeral loopback port read from the
+// server's "listening on" line. Owns the child (SIGKILLed if still alive when
+// the harness dies). Not thread-safe; one harness per test.
+#pragma once
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/files.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "evaluator/signature.h"
+#include "search/store/lineage_store.h"
+#include "server/client.h"
+
+namespace ks::e2e {
+
+inline constexpr char kModelScript[] = R"SH(#!/bin/sh
+# A stand-in model: ideas as a JSON list, kernels carrying FAKE_MS markers for
+# the scripted evaluator. Each implementation differs (random time).
+p=$(cat | sha256sum | cut -c1-8)
+sleep ${KS_TEST_LLM_SLEEP:-0}
+if [ "$KS_LLM_ROLE" = ideas ]; then
+  printf '```json\n[{"title": "a-%s", "idea": "tile it %s"}, {"title": "b-%s", "idea": "vectorize it %s"}]\n```\n' $p $p $p $p
+else
+  r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+  ms=$(awk -v r=$r 'BEGIN{printf "%.3f", 0.1 + (r % 1000)/1000.0}')
+  printf '```cuda\nextern "C" __global__ void k_%s_%s(float* out, const float* x, int n) { /* FAKE_MS(%s) */ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = x[i]; }\n```\n```json\n{"launches": [{"kernel": "k_%s_%s", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["out", "x", "x.numel"]}]}\n```\n' $p $r $ms $p $r
+fi
+)SH";
+
+struct HarnessOptions {
+  double llm_sleep_s = 0;      // per model call
+  double eval_delay_ms = 0;    // per candidate
+  std::string evaluator = "";  // "" = the scripted one with the options above
+  std::vector<std::string> extra_args;
+};
+
+class ServerHarness {
+ public:
+  explicit ServerHarness(HarnessOptions o = {}) : opts_(std::move(o)) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ks_e2e_" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    token_ = Sha256Hex(dir_.string() + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    Check(WriteFile(Path("token"), token_ + "\n"));
+    Check(WriteFile(Path("model.sh"), kModelScript));
+    std::filesystem::permissions(Path("model.sh"), std::filesystem::perms::owner_all);
+    nlohmann::json ev = {{"delay_ms", opts_.eval_delay_ms}, {"log", Path("evaluated.log")}};
+    Check(WriteFile(Path("evaluator.json"), ev.dump()));
+  }
+  ~ServerHarness() {
+    child_ = ChildProcess();  // SIGKILL + reap
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  const std::string& token() const { return token_; }
+  const std::string& address() const { return address_; }
+  std::string db() const { return Path("lineage.db"); }
+
+  // Stores a 1-D copy problem directly (the server would need torch to load one).
+  int64_t SeedProblem(const std::string& name = "copy") {
+    auto store = store::LineageStore::Open(db());
+    Check(store.status());
+    Signature s;
+    s.name = name;
+    s.file = name + ".py";
+    s.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+    s.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+    store::ProblemRow row;
+    row.name = name;
+    row.file_path = name + ".py";
+    row.source = "# " + name + "\nimport torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x.clone()\n";
+    row.signature_json = SignatureToJson(s).dump();
+    row.sha256 = Sha256Hex(row.source);
+    auto id = (*store)->PutProblem(row);
+    Check(id.status());
+    return *id;
+  }
+
+  // Starts the server and waits (generously: 2-core CI) for its listening line.
+  void Start() {
+    std::vector<std::string> argv = {KS_CLI_BINARY, "serve", "--listen", "127.0.0.1:0", "--token-file", Path("token"),
+                                     "--db", db(), "--model", "command:" + Path("model.sh"), "--poll-interval", "0.05"};
+    argv.push_back("--evaluator");
+    argv.push_back(opts_.evaluator.empty() ? "fake:" + Path("evaluator.json") : opts_.evaluator);
+    for (const auto& a : opts_.extra_args) argv.push_back(a);
+    std::map<std::string, std::string> env = {{"KS_TEST_LLM_SLEEP", std::to_string(opts_.llm_sleep_s)}};
+    auto child = ChildProcess::Start(argv, env, Path("server.log." + std::to_string(starts_++)));
+    Check(child.status());
+    child_ = std::move(child).value();
+    std::string line;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      char ch;
+      Status st = ReadExact(child_.stdout_fd(), &ch, 1, 60);
+      if (!st.ok()) Fail("server did not start: " + st.ToString() + "\n" + Log());
+      if (ch == '\n') break;
+      line += ch;
+    }
+    const std::string prefix = "listening on ";
+    if (line.rfind(prefix, 0) != 0) Fail("unexpected first line: " + line + "\n" + Log());
+    address_ = line.substr(prefix.size());
+  }
+
+  // SIGTERM; returns how the server ended ("exit code 0"), waiting up to 60 s.
+  std::string Terminate() {
+    ::kill(child_.pid(), SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto how = child_.TryReap()) return *how;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return "still running after 60 s";
+  }
+  void KillHard() { child_.Kill(); }
+
+  std::unique_ptr<server::Client> Connect(const std::string& token) const {
+    server::ClientOptions o;
+    o.address = address_;
+    o.token = token;
+    o.timeout_s = 60;
+    auto c = server::Client::Connect(o);
+    Check(c.status());
+    return std::move(c).value();
+  }
+  std::unique_ptr<server::Client> Connect() const { return Connect(token_); }
+
+  std::string Log() const {
+    std::string all;
+    for (int i = 0; i < starts_; ++i) {
+      auto t = ReadFile(Path("server.log." + std::to_string(i)));
+      if (t.ok()) all += *t;
+    }
+    return all;
+  }
+  // Lines of the scripted evaluator's log: one content hash per evaluation.
+  std::vector<std::string> Evaluated() const {
+    std::vector<std::string> out;
+    std::ifstream in(Path("evaluated.log"));
+    for (std::string l; std::getline(in, l);)
+      if (!l.empty()) out.push_back(l);
+    return out;
+  }
+
+ private:
+  static void Check(const Status& s) {
+    if (!s.ok()) Fail(s.ToString());
+  }
+  [[noreturn]] static void Fail(const std::string& why) {
+    std::fprintf(stderr, "harness: %s\n", why.c_str());
+    std::abort();
+  }
+
+  HarnessOptions opts_;
+  std::filesystem::path dir_;
+  std::string token_;
+  std::string address_;
+  ChildProcess child_;
+  int starts_ = 0;
+  static inline int counter_ = 0;
+};
+
+}  // namespace ks::e2e

@@ -1,0 +1,197 @@
+// GPU evaluation end to end (issue 3): correct kernels pass with speedups,
+// wrong ones fail precisely, hangs and crashes end only the worker.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/evaluator/gpu_test_util.h"
+
+namespace ks {
+namespace {
+
+using ::testing::HasSubstr;
+using ks::testing::EvalOne;
+using ks::testing::EvaluatorFor;
+using ks::testing::GpuFixture;
+
+constexpr const char* kSoftmax = R"CUDA(
+__device__ float BlockReduce(float v, bool is_max, float* red) {
+  for (int o = 16; o; o >>= 1) {
+    float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : (is_max ? -INFINITY : 0.f);
+    for (int o = 16; o; o >>= 1) {
+      float w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, w) : v + w;
+    }
+    if (threadIdx.x == 0) red[0] = v;
+  }
+  __syncthreads();
+  float r = red[0];
+  __syncthreads();
+  return r;
+}
+extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ out, int cols, int last) {
+  __shared__ float red[32];
+  const float* row = x + (size_t)blockIdx.x * cols;
+  float* orow = out + (size_t)blockIdx.x * cols;
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, row[i]);
+  m = BlockReduce(m, true, red);
+  float s = 0.f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) s += expf(row[i] - m);
+  s = BlockReduce(s, false, red);
+  float inv = 1.f / s;
+  for (int i = threadIdx.x; i < last; i += blockDim.x) orow[i] = expf(row[i] - m) * inv;
+}
+)CUDA";
+
+std::string SoftmaxPlan(const std::string& last) {
+  return std::string(R"P({"launches": [{"kernel": "softmax_rows", "grid": ["x.shape[0]"], "block": [256],
+             "args": ["x", "out", "x.shape[1]", ")P") + last + R"P("]}]})P";
+}
+
+constexpr const char* kLayerNorm = R"CUDA(
+extern "C" __global__ void layernorm(const float* __restrict__ x, const float* __restrict__ w,
+                                     const float* __restrict__ b, float* __restrict__ out, int cols, float eps) {
+  __shared__ float red[2][32];
+  const float* row = x + (size_t)blockIdx.x * cols;
+  float s = 0.f, ss = 0.f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) { float v = row[i]; s += v; ss += v * v; }
+  for (int o = 16; o; o >>= 1) { s += __shfl_xor_sync(0xffffffffu, s, o); ss += __shfl_xor_sync(0xffffffffu, ss, o); }
+  if ((threadIdx.x & 31) == 0) { red[0][threadIdx.x >> 5] = s; red[1][threadIdx.x >> 5] = ss; }
+  __syncthreads();
+  s = 0.f; ss = 0.f;
+  for (int i = 0; i < blockDim.x / 32; ++i) { s += red[0][i]; ss += red[1][i]; }
+  float mean = s / cols;
+  float rstd = rsqrtf(ss / cols - mean * mean + eps);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x)
+    out[(size_t)blockIdx.x * cols + i] = (row[i] - mean) * rstd * w[i] + b[i];
+}
+)CUDA";
+
+constexpr const char* kLayerNormPlan = R"P({"launches": [{"kernel": "layernorm", "grid": ["x.shape[0]"], "block": [256],
+  "args": ["x", "ln.weight", "ln.bias", "out", "x.shape[1]", "0.00001"]}]})P";
+
+constexpr const char* kScale = R"CUDA(
+extern "C" __global__ void scale(const float* __restrict__ x, float* __restrict__ out, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = x[i] * 2.f + 1.f;
+}
+)CUDA";
+constexpr const char* kScalePlan = R"P({"launches": [{"kernel": "scale", "grid": ["cdiv(x.numel, 256)"], "block": [256],
+  "args": ["x", "out", "x.numel"]}]})P";
+
+TEST(GpuEvalTest, CorrectSoftmaxPassesWithSpeedups) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("softmax_small.py"));
+  ASSERT_NE(ev, nullptr);
+  Evaluation e = EvalOne(ev, kSoftmax, SoftmaxPlan("x.shape[1]"));
+  ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message << e.compile_log;
+  ASSERT_TRUE(e.timing.has_value());
+  EXPECT_GE(e.timing->runs, 10);
+  EXPECT_GT(e.timing->median_ms, 0);
+  ASSERT_TRUE(e.speedup_eager.has_value());
+  EXPECT_GT(*e.speedup_eager, 0);
+  ASSERT_TRUE(e.roofline.has_value());
+  EXPECT_GT(e.roofline->achieved_gbps, 0);
+  ASSERT_EQ(e.errors.size(), 1u);
+  EXPECT_LT(e.errors[0].rel_norm, 1e-5);
+  std::printf("softmax: median %.4f ms, eager %.4f ms, speedup %.2fx, %.0f GB/s (%.0f%% of floor); bandwidth probe %.0f GB/s\n",
+              e.timing->median_ms, e.eager ? e.eager->median_ms : 0, *e.speedup_eager, e.roofline->achieved_gbps,
+              e.roofline->fraction_of_floor * 100, ev->measured_bandwidth_gbps());
+}
+
+TEST(GpuEvalTest, CorrectLayerNormPasses) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("layernorm_small.py"));
+  ASSERT_NE(ev, nullptr);
+  Evaluation e = EvalOne(ev, kLayerNorm, kLayerNormPlan);
+  ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
+  ASSERT_TRUE(e.speedup_eager.has_value());
+  std::printf("layernorm: median %.4f ms, speedup vs eager %.2fx, vs compile %s\n", e.timing->median_ms,
+              *e.speedup_eager, e.speedup_compile ? std::to_string(*e.speedup_compile).c_str() : "n/a");
+}
+
+TEST(GpuEvalTest, OffByOneFailsWithTheFirstMismatchIndex) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("softmax_small.py"));
+  ASSERT_NE(ev, nullptr);
+  Evaluation e = EvalOne(ev, kSoftmax, SoftmaxPlan("x.shape[1] - 1"));
+  ASSERT_EQ(e.status, EvalStatus::kIncorrect);
+  ASSERT_EQ(e.errors.size(), 1u);
+  EXPECT_EQ(e.errors[0].first_mismatch, 4095);  // the last column of row 0
+  EXPECT_EQ(e.errors[0].mismatches, 2048);      // one per row
+  EXPECT_EQ(e.errors[0].unwritten, 2048);
+  EXPECT_THAT(e.message, HasSubstr("first at index 4095"));
+  EXPECT_THAT(e.message, HasSubstr("never written"));
+}
+
+TEST(GpuEvalTest, AHungKernelTimesOutAndTheNextCandidatePasses) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
+  ASSERT_NE(ev, nullptr);
+  int restarts = ev->worker_restarts();
+  const char* hang = R"CUDA(
+extern "C" __global__ void scale(const float* x, float* out, long long n) {
+  volatile unsigned int* flag = (volatile unsigned int*)out;
+  while (flag[0] != 12345u) {}
+}
+)CUDA";
+  auto r = ev->EvaluateBatch({Candidate{hang, kScalePlan}, Candidate{kScale, kScalePlan}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)[0].status, EvalStatus::kTimeout) << (*r)[0].message;
+  EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
+  EXPECT_EQ(ev->worker_restarts(), restarts + 1);
+}
+
+TEST(GpuEvalTest, AnIllegalAddressIsReportedAndTheNextCandidatePasses) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
+  ASSERT_NE(ev, nullptr);
+  const char* wild = R"CUDA(
+extern "C" __global__ void scale(const float* x, float* out, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i + (1ll << 40)] = x[i];
+}
+)CUDA";
+  auto r = ev->EvaluateBatch({Candidate{wild, kScalePlan}, Candidate{kScale, kScalePlan}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].status, EvalStatus::kRuntimeError);
+  EXPECT_THAT((*r)[0].message, HasSubstr("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
+}
+
+TEST(GpuEvalTest, ALaunchTheDeviceRefusesIsALaunchErrorAndTheNextPasses) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
+  ASSERT_NE(ev, nullptr);
+  // Compiled for at most 128 threads per block, launched with 256.
+  const char* bounded = R"CUDA(
+extern "C" __global__ void __launch_bounds__(128) scale(const float* x, float* out, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = x[i] * 2.f + 1.f;
+}
+)CUDA";
+  auto r = ev->EvaluateBatch({Candidate{bounded, kScalePlan}, Candidate{kScale, kScalePlan}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)[0].status, EvalStatus::kLaunchError) << (*r)[0].message;
+  EXPECT_THAT((*r)[0].message, HasSubstr("CUDA_ERROR"));
+  EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
+}
+
+TEST(GpuEvalTest, AMultiGigabyteProblemRuns) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("big_scale.py"), /*sets=*/2);
+  ASSERT_NE(ev, nullptr);
+  Evaluation e = EvalOne(ev, kScale, kScalePlan);
+  ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
+  std::printf("2 GiB scale: median %.3f ms, %.0f GB/s, speedup vs eager %.2fx\n", e.timing->median_ms,
+              e.roofline->achieved_gbps, e.speedup_eager.value_or(0));
+}
+
+}  // namespace
+}  // namespace ks

@@ -1,0 +1,63 @@
+// Shared by the gpu-labelled tests: skip without a GPU, and one GpuEvaluator per
+// problem fixture for the whole test binary (its reference is computed once).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "evaluator/cuda_driver.h"
+#include "evaluator/gpu_evaluator.h"
+#include "evaluator/problem.h"
+
+namespace ks::testing {
+
+#define KS_REQUIRE_GPU()                                                        \
+  do {                                                                          \
+    std::string why_;                                                           \
+    if (!::ks::GpuAvailable(&why_)) GTEST_SKIP() << "no GPU here: " << why_;    \
+  } while (0)
+
+inline std::string GpuFixture(const std::string& name) {
+  return std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/" + name;
+}
+
+// The evaluator for a fixture problem, created on first use. Asserts on failure.
+inline GpuEvaluator* EvaluatorFor(const std::string& problem, int sets = 3, double run_timeout_s = 3,
+                                  double compile_timeout_s = 60) {
+  static std::map<std::string, std::unique_ptr<GpuEvaluator>> cache;
+  auto it = cache.find(problem);
+  if (it != cache.end()) return it->second.get();
+  ReferenceOptions ro;
+  ro.sets = sets;
+  ro.device = "cuda";
+  ro.time = true;
+  auto ref = PrepareReference(problem, ro);
+  if (!ref.ok()) {
+    ADD_FAILURE() << "reference for " << problem << ": " << ref.status().ToString();
+    return nullptr;
+  }
+  GpuEvaluatorOptions go;
+  go.run_timeout_s = run_timeout_s;
+  go.target_timed_ms = 300;
+  go.compile_timeout_s = compile_timeout_s;
+  auto ev = GpuEvaluator::Create(*ref, go);
+  if (!ev.ok()) {
+    ADD_FAILURE() << "evaluator for " << problem << ": " << ev.status().ToString();
+    return nullptr;
+  }
+  GpuEvaluator* raw = ev->get();
+  cache[problem] = std::move(*ev);
+  return raw;
+}
+
+inline Evaluation EvalOne(GpuEvaluator* ev, const std::string& source, const std::string& plan) {
+  auto r = ev->EvaluateBatch({Candidate{source, plan}});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok() || r->empty()) return Evaluation{};
+  return (*r)[0];
+}
+
+}  // namespace ks::testing

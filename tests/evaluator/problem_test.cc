@@ -1,0 +1,472 @@
+// Tests of the reference bridge through its C++ API (evaluator/problem.h) and
+// through the real `kernelsearch problem` binary. They run the bridge with a
+// real python3 + torch (CPU is enough); without one they skip, saying why.
+#include "evaluator/problem.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "common/subprocess.h"
+
+namespace ks {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kFixtures = KS_SOURCE_DIR "/tests/evaluator/fixtures/";
+
+std::string Fixture(const std::string& name) { return kFixtures + name; }
+
+#define REQUIRE_TORCH()                                                                       \
+  do {                                                                                        \
+    auto py_ = ResolvePython();                                                               \
+    if (!py_.ok()) GTEST_SKIP() << "no python3 with torch here: " << py_.status().message(); \
+  } while (0)
+
+// A fresh directory per call, removed by the test's end.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = testing::TempDir() + "/ks_problem_test_XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    KS_CHECK(mkdtemp(buf.data()) != nullptr);
+    path_ = fs::path(buf.data()).lexically_normal().string();  // TempDir() ends in '/'; paths we get back do not
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<float> ReadFloats(const ReferenceData& d, int set, const std::string& name) {
+  auto path = d.FilePath(set, name);
+  KS_CHECK(path.ok());
+  const TensorSpec* spec = d.signature.Find(name);
+  KS_CHECK(spec != nullptr);
+  auto bytes = ReadTensorFile(*path, *spec);
+  KS_CHECK(bytes.ok());
+  std::vector<float> v(bytes->size() / sizeof(float));
+  std::memcpy(v.data(), bytes->data(), bytes->size());
+  return v;
+}
+
+// ---- Data files and python --------------------------------------------------------
+
+TEST(DataFileTest, FindsTheBridgeInTheSourceTree) {
+  unsetenv("KS_DATA_DIR");
+  auto p = FindDataFile("reference/bridge.py");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_THAT(*p, HasSubstr("evaluator/reference/bridge.py"));
+  EXPECT_TRUE(fs::is_regular_file(*p));
+}
+
+TEST(DataFileTest, KsDataDirIsTheOnlyPlaceLookedAtWhenSet) {
+  TempDir dir;
+  fs::create_directories(fs::path(dir.path()) / "reference");
+  ASSERT_TRUE(WriteFile(dir.path() + "/reference/bridge.py", "# stand-in\n").ok());
+  setenv("KS_DATA_DIR", dir.path().c_str(), 1);
+  auto found = FindDataFile("reference/bridge.py");
+  auto missing = FindDataFile("reference/timing.py");
+  unsetenv("KS_DATA_DIR");
+  ASSERT_TRUE(found.ok()) << found.status().message();
+  EXPECT_EQ(*found, dir.path() + "/reference/bridge.py");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr(dir.path() + "/reference/timing.py"));
+}
+
+TEST(PythonTest, ExplicitInterpreterWithoutTorchIsAnEnvironmentError) {
+  auto r = ResolvePython("/bin/false");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("/bin/false"));
+  EXPECT_THAT(r.status().message(), HasSubstr("torch"));
+}
+
+TEST(PythonTest, ResolvedInterpreterImportsTorch) {
+  REQUIRE_TORCH();
+  auto r = ResolvePython();
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->torch_version.empty());
+  EXPECT_FALSE(r->device.empty());
+  // The cached answer is the same object of facts.
+  auto again = ResolvePython();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->python, r->python);
+}
+
+// ---- Signatures ---------------------------------------------------------------------
+
+TEST(SignatureTest, MatmulWithMetadata) {
+  REQUIRE_TORCH();
+  auto s = LoadProblemSignature(Fixture("matmul.py"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->name, "matmul");
+  EXPECT_EQ(s->file, Fixture("matmul.py"));
+  EXPECT_EQ(s->description, "C = A @ B for a 64x32 and a 32x48 matrix");
+  ASSERT_TRUE(s->tolerance.has_value());
+  EXPECT_DOUBLE_EQ(s->tolerance->atol, 1e-4);
+  ASSERT_TRUE(s->flops.has_value());
+  EXPECT_DOUBLE_EQ(*s->flops, 2.0 * 64 * 32 * 48);
+  ASSERT_EQ(s->inputs.size(), 2u);
+  EXPECT_EQ(s->inputs[0].name, "A");
+  EXPECT_EQ(s->inputs[0].shape, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(s->inputs[0].strides, (std::vector<int64_t>{32, 1}));
+  EXPECT_EQ(s->inputs[1].name, "B");
+  EXPECT_EQ(s->inputs[1].shape, (std::vector<int64_t>{32, 48}));
+  EXPECT_TRUE(s->parameters.empty());
+  ASSERT_EQ(s->outputs.size(), 1u);
+  EXPECT_EQ(s->outputs[0].name, "out");
+  EXPECT_EQ(s->outputs[0].dtype, DType::kFloat32);
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{64, 48}));
+}
+
+TEST(SignatureTest, ParametersAndBuffersByStateDictKey) {
+  REQUIRE_TORCH();
+  auto s = LoadProblemSignature(Fixture("conv_params.py"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_FALSE(s->tolerance.has_value());
+  EXPECT_FALSE(s->flops.has_value());
+  ASSERT_EQ(s->inputs.size(), 1u);
+  EXPECT_EQ(s->inputs[0].name, "x");
+  std::vector<std::string> names;
+  for (const auto& p : s->parameters) names.push_back(p.name);
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("conv.weight", "conv.bias", "scale", "shift"));
+  const TensorSpec* w = s->Find("conv.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{8, 3, 3, 3}));
+  EXPECT_EQ(w->strides, (std::vector<int64_t>{27, 9, 3, 1}));
+  ASSERT_EQ(s->outputs.size(), 1u);
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{2, 8, 14, 14}));
+}
+
+TEST(SignatureTest, TupleOutputsAreNumbered) {
+  REQUIRE_TORCH();
+  auto s = LoadProblemSignature(Fixture("two_outputs.py"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->outputs.size(), 2u);
+  EXPECT_EQ(s->outputs[0].name, "out0");
+  EXPECT_EQ(s->outputs[0].dtype, DType::kFloat32);
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{16}));
+  EXPECT_EQ(s->outputs[1].name, "out1");
+  EXPECT_EQ(s->outputs[1].dtype, DType::kFloat16);
+}
+
+TEST(SignatureTest, ScalarInputsCarryTheirValues) {
+  REQUIRE_TORCH();
+  auto s = LoadProblemSignature(Fixture("scalar_input.py"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->inputs.size(), 3u);
+  EXPECT_EQ(s->inputs[0].dtype, DType::kBFloat16);
+  EXPECT_FALSE(s->inputs[0].is_scalar);
+  EXPECT_EQ(s->inputs[1].name, "alpha");
+  EXPECT_TRUE(s->inputs[1].is_scalar);
+  EXPECT_EQ(s->inputs[1].dtype, DType::kFloat64);
+  EXPECT_DOUBLE_EQ(s->inputs[1].scalar_value, 0.5);
+  EXPECT_EQ(s->inputs[2].name, "k");
+  EXPECT_EQ(s->inputs[2].dtype, DType::kInt64);
+  EXPECT_DOUBLE_EQ(s->inputs[2].scalar_value, 3);
+}
+
+TEST(SignatureTest, ProblemPrintsDoNotCorruptTheAnswer) {
+  REQUIRE_TORCH();
+  auto s = LoadProblemSignature(Fixture("noisy_constant.py"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{10, 3}));
+}
+
+// ---- Bad problem files ----------------------------------------------------------------
+
+struct BadCase {
+  std::string file;
+  std::string expect;  // a piece of the message that names the cause
+};
+
+class BadProblemTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadProblemTest, ClearMessageNamingFileAndCause) {
+  REQUIRE_TORCH();
+  const BadCase& c = GetParam();
+  auto s = LoadProblemSignature(Fixture(c.file));
+  ASSERT_FALSE(s.ok()) << c.file << " was accepted";
+  EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << s.status().ToString();
+  EXPECT_THAT(s.status().message(), HasSubstr(c.file));
+  EXPECT_THAT(s.status().message(), HasSubstr(c.expect));
+  // Without verbose the message is the cause, not a wall of traceback.
+  EXPECT_THAT(s.status().message(), Not(HasSubstr("Traceback")));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Files, BadProblemTest,
+    ::testing::Values(BadCase{"bad_syntax.py", "bad_syntax.py: line 3"},
+                      BadCase{"bad_no_model.py", "no 'Model' class"},
+                      BadCase{"bad_get_inputs_raises.py", "get_inputs() raised RuntimeError: dataset not available"},
+                      BadCase{"bad_forward_dict.py", "returned a dict"},
+                      BadCase{"bad_forward_raises.py", "line 6: forward() raised RuntimeError"},
+                      BadCase{"bad_complex.py", "dtype complex64"},
+                      BadCase{"bad_import.py", "No module named 'kernelsearch_no_such_module'"},
+                      BadCase{"no_such_problem.py", "no such file"}),
+    [](const auto& info) {
+      std::string n = info.param.file.substr(0, info.param.file.find('.'));
+      for (char& ch : n)
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
+
+TEST(BadProblemVerboseTest, VerboseAddsTheTracebackTail) {
+  REQUIRE_TORCH();
+  BridgeOptions o;
+  o.verbose = true;
+  auto s = LoadProblemSignature(Fixture("bad_get_inputs_raises.py"), o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("Traceback"));
+  EXPECT_THAT(s.status().message(), HasSubstr("raise RuntimeError(\"dataset not available\")"));
+}
+
+// ---- Reference data --------------------------------------------------------------------
+
+ReferenceOptions CpuOptions(const std::string& cache, int sets = 2, uint64_t seed = 42) {
+  ReferenceOptions o;
+  o.sets = sets;
+  o.seed = seed;
+  o.device = "cpu";
+  o.cache_dir = cache;
+  return o;
+}
+
+TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_FALSE(d->from_cache);
+  EXPECT_EQ(d->device, "cpu");
+  EXPECT_FALSE(d->eager.has_value());
+  EXPECT_TRUE(d->warnings.empty()) << d->warnings.front();
+  ASSERT_EQ(d->sets.size(), 2u);
+  EXPECT_EQ(d->sets[0].seed, 43u);
+  EXPECT_EQ(d->sets[1].seed, 44u);
+  EXPECT_THAT(d->dir, HasSubstr(cache.path()));
+  EXPECT_TRUE(fs::exists(fs::path(d->dir) / "manifest.json"));
+
+  for (int set = 0; set < 2; ++set) {
+    for (const char* name : {"A", "B", "out"}) {
+      auto p = d->FilePath(set, name);
+      ASSERT_TRUE(p.ok()) << p.status().message();
+      EXPECT_EQ(static_cast<int64_t>(fs::file_size(*p)), d->signature.Find(name)->bytes()) << name;
+    }
+    // The bytes are the operator's answer: recompute A @ B here.
+    std::vector<float> a = ReadFloats(*d, set, "A"), b = ReadFloats(*d, set, "B"), out = ReadFloats(*d, set, "out");
+    ASSERT_EQ(out.size(), 64u * 48u);
+    double worst = 0;
+    for (int i = 0; i < 64; ++i)
+      for (int j = 0; j < 48; ++j) {
+        double acc = 0;
+        for (int k = 0; k < 32; ++k) acc += double(a[i * 32 + k]) * b[k * 48 + j];
+        worst = std::max(worst, std::abs(acc - out[i * 48 + j]));
+      }
+    EXPECT_LT(worst, 1e-4) << "set " << set;
+  }
+  EXPECT_NE(ReadFloats(*d, 0, "A"), ReadFloats(*d, 1, "A"));
+  EXPECT_NE(ReadFloats(*d, 0, "out"), ReadFloats(*d, 1, "out"));
+  EXPECT_FALSE(d->FilePath(2, "A").ok());
+  EXPECT_FALSE(d->FilePath(0, "nope").ok());
+}
+
+TEST(ReferenceTest, ParametersAreSharedAndSeeded) {
+  REQUIRE_TORCH();
+  TempDir cache1, cache2;
+  auto d = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache1.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(*d->FilePath(0, "conv.weight"), *d->FilePath(1, "conv.weight"));
+  EXPECT_NE(*d->FilePath(0, "x"), *d->FilePath(1, "x"));
+  // The same seed reproduces the weights bit for bit; another seed does not.
+  auto same = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache2.path()));
+  ASSERT_TRUE(same.ok()) << same.status().message();
+  EXPECT_FALSE(same->from_cache);
+  EXPECT_EQ(ReadFloats(*d, 0, "conv.weight"), ReadFloats(*same, 0, "conv.weight"));
+  EXPECT_EQ(ReadFloats(*d, 1, "x"), ReadFloats(*same, 1, "x"));
+  auto other = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache2.path(), 2, 7));
+  ASSERT_TRUE(other.ok()) << other.status().message();
+  EXPECT_NE(ReadFloats(*d, 0, "conv.weight"), ReadFloats(*other, 0, "conv.weight"));
+  EXPECT_NE(d->dir, other->dir);
+}
+
+TEST(ReferenceTest, CompleteEntriesAreReusedAndDamagedOnesRecomputed) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto second = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_TRUE(second->from_cache);
+  EXPECT_EQ(second->dir, first->dir);
+
+  // A truncated tensor file must not be served from the cache.
+  std::string out_path = *first->FilePath(0, "out");
+  fs::resize_file(out_path, 100);
+  EXPECT_FALSE(LoadReferenceDir(first->dir).ok());
+  auto third = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_FALSE(third->from_cache);
+  EXPECT_EQ(static_cast<int64_t>(fs::file_size(*third->FilePath(0, "out"))), 64 * 48 * 4);
+
+  // No temporary directories are left behind.
+  for (const auto& e : fs::directory_iterator(cache.path()))
+    EXPECT_THAT(e.path().filename().string(), Not(HasSubstr(".tmp"))) << e.path();
+}
+
+TEST(ReferenceTest, ScalarsAndBfloat16) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("scalar_input.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->scalars.size(), 2u);
+  EXPECT_DOUBLE_EQ(d->scalars.at("alpha"), 0.5);
+  EXPECT_DOUBLE_EQ(d->scalars.at("k"), 3);
+  EXPECT_FALSE(d->FilePath(0, "alpha").ok());  // scalars live in the manifest, not in files
+  EXPECT_EQ(fs::file_size(*d->FilePath(0, "x")), 8u * 8u * 2u);
+  EXPECT_EQ(fs::file_size(*d->FilePath(0, "out")), 8u * 8u * 2u);
+}
+
+TEST(ReferenceTest, BadProblemIsInvalidArgumentAndLeavesNoEntry) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("bad_forward_raises.py"), CpuOptions(cache.path()));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("forward() raised"));
+  EXPECT_TRUE(fs::is_empty(cache.path()));
+}
+
+TEST(ReferenceGpuTest, CudaReferenceIsTimedEagerAndCompiled) {
+  REQUIRE_TORCH();
+  auto py = ResolvePython();
+  if (!py->cuda) GTEST_SKIP() << py->python << " (torch " << py->torch_version << ") sees no CUDA device";
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path());
+  o.device = "cuda";
+  o.time = true;
+  auto d = PrepareReference(Fixture("conv_params.py"), o);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->device, py->device);
+  ASSERT_TRUE(d->eager.has_value());
+  EXPECT_GE(d->eager->runs, 10);
+  EXPECT_LE(d->eager->runs, 200);
+  EXPECT_GT(d->eager->median_ms, 0);
+  EXPECT_LE(d->eager->min_ms, d->eager->median_ms);
+  // Either torch.compile was timed, or a warning says why not.
+  if (!d->compiled) EXPECT_THAT(d->warnings, ::testing::Contains(HasSubstr("torch.compile")));
+  // An untimed request is served by the timed entry.
+  o.time = false;
+  auto again = PrepareReference(Fixture("conv_params.py"), o);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_TRUE(again->from_cache);
+  EXPECT_EQ(again->dir, d->dir);
+}
+
+// ---- Degenerate references ----------------------------------------------------------------
+
+TEST(DegenerateTest, AllZerosOutputIsFlagged) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("all_zeros.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_FALSE(d->warnings.empty());
+  EXPECT_THAT(d->warnings[0], HasSubstr("'out'"));
+  EXPECT_THAT(d->warnings[0], HasSubstr("all zeros"));
+
+  auto w = CheckProblem(Fixture("all_zeros.py"));
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_THAT(*w, ::testing::Contains(HasSubstr("all zeros")));
+  EXPECT_THAT(*w, ::testing::Contains(HasSubstr("identical")));
+}
+
+TEST(DegenerateTest, ConstantOutputIsFlaggedAndAGoodProblemIsNot) {
+  REQUIRE_TORCH();
+  auto c = CheckProblem(Fixture("noisy_constant.py"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_THAT(*c, ::testing::Contains(HasSubstr("constant")));
+  auto good = CheckProblem(Fixture("two_outputs.py"));
+  ASSERT_TRUE(good.ok()) << good.status().message();
+  EXPECT_TRUE(good->empty()) << good->front();
+}
+
+// ---- The real binary ------------------------------------------------------------------------
+
+SubprocessResult RunCli(std::vector<std::string> args) {
+  SubprocessOptions o;
+  o.argv = {KS_KERNELSEARCH_BIN};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.timeout_s = 300;
+  auto r = RunSubprocess(o);
+  KS_CHECK(r.ok());
+  return *r;
+}
+
+TEST(CliTest, ProblemInfoPrintsTableAndJson) {
+  REQUIRE_TORCH();
+  SubprocessResult table = RunCli({"problem", "info", Fixture("conv_params.py")});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("conv_params"));
+  EXPECT_THAT(table.out, ::testing::ContainsRegex("parameter +conv\\.weight +float32 +\\[8, 3, 3, 3\\]"));
+  EXPECT_THAT(table.out, ::testing::ContainsRegex("output +out +float32 +\\[2, 8, 14, 14\\]"));
+
+  SubprocessResult json_run = RunCli({"problem", "info", Fixture("matmul.py"), "--json"});
+  ASSERT_EQ(json_run.exit_code, 0) << json_run.err;
+  auto j = nlohmann::json::parse(json_run.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << json_run.out;
+  auto sig = SignatureFromJson(j);
+  ASSERT_TRUE(sig.ok()) << sig.status().message();
+  EXPECT_EQ(sig->outputs[0].shape, (std::vector<int64_t>{64, 48}));
+}
+
+TEST(CliTest, BadProblemExitsTwoWithTheCause) {
+  REQUIRE_TORCH();
+  SubprocessResult r = RunCli({"problem", "info", Fixture("bad_syntax.py")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("bad_syntax.py: line 3"));
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
+  REQUIRE_TORCH();
+  SubprocessResult bad = RunCli({"problem", "check", Fixture("all_zeros.py"), "--device", "cpu"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_THAT(bad.out, HasSubstr("all zeros"));
+  SubprocessResult good = RunCli({"problem", "check", Fixture("matmul.py"), "--device", "cpu"});
+  EXPECT_EQ(good.exit_code, 0) << good.err << good.out;
+}
+
+TEST(CliTest, HelpListsTheOptions) {
+  SubprocessResult r = RunCli({"problem", "info", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--json"));
+  EXPECT_THAT(r.out, HasSubstr("--python"));
+  SubprocessResult c = RunCli({"problem", "check", "--help"});
+  EXPECT_EQ(c.exit_code, 0);
+  EXPECT_THAT(c.out, HasSubstr("--device"));
+}
+
+}  // namespace
+}  // namespace ks
