@@ -376,7 +376,9 @@ TEST(ReferenceGpuTest, CudaReferenceIsTimedEagerAndCompiled) {
   EXPECT_GT(d->eager->median_ms, 0);
   EXPECT_LE(d->eager->min_ms, d->eager->median_ms);
   // Either torch.compile was timed, or a warning says why not.
-  if (!d->compiled) EXPECT_THAT(d->warnings, ::testing::Contains(HasSubstr("torch.compile")));
+  if (!d->compiled) {
+    EXPECT_THAT(d->warnings, ::testing::Contains(HasSubstr("torch.compile")));
+  }
   // An untimed request is served by the timed entry.
   o.time = false;
   auto again = PrepareReference(Fixture("conv_params.py"), o);
