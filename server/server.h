@@ -25,7 +25,7 @@ struct ServerOptions {
   std::string tls_key;
   std::string db_path;                     // the lineage store
   ServerLimits limits;
-  int rpc_threads = 16;                    // the sync pool serving unary calls
+  int rpc_threads = 64;                    // the sync pool serving unary calls; beyond it, RESOURCE_EXHAUSTED
   double poll_interval_s = 0.25;           // how often watched searches are re-read
   double shutdown_grace_s = 3;             // in-flight calls get this long on SIGTERM
 };

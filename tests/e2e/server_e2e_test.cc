@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/files.h"
+#include "evaluator/problem.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
 
@@ -418,6 +420,61 @@ TEST(ServerE2E, EvaluateKernelWithoutGpuIsFailedPrecondition) {
   auto r = h.Connect()->EvaluateKernel(req);
   EXPECT_EQ(r.status().code(), Code::kFailedPrecondition) << r.status().ToString();
   EXPECT_FALSE(r.status().message().empty());
+  EXPECT_EQ(h.Terminate(), "exit code 0");
+}
+
+// The whole user path through the reference bridge: needs python3 with torch
+// (the GPU machines have it; skipped where it is absent).
+TEST(ServerE2E, SubmitProblemThroughTheBridgeThenSearch) {
+  auto py = ResolvePython();
+  if (!py.ok()) GTEST_SKIP() << "no python3 with torch: " << py.status().message();
+  ServerHarness h;
+  h.Start();
+  auto c = h.Connect();
+  const std::string source =
+      "import torch\n"
+      "DESCRIPTION = 'a tiny scale, for tests'\n"
+      "class Model(torch.nn.Module):\n"
+      "    def forward(self, x):\n"
+      "        return x * 2.0\n"
+      "def get_inputs():\n"
+      "    return [torch.randn(1024)]\n"
+      "def get_init_inputs():\n"
+      "    return []\n";
+  ASSERT_TRUE(WriteFile(h.Path("scale2.py"), source).ok());
+  pb::SubmitProblemRequest req;
+  req.set_name("scale2");
+  req.set_source(source);
+  auto first = c->SubmitProblem(req);
+  ASSERT_TRUE(first.ok()) << first.status().ToString() << h.Log();
+  EXPECT_EQ(first->signature().name(), "scale2");
+  EXPECT_EQ(first->signature().description(), "a tiny scale, for tests");
+  EXPECT_GT(first->signature().inputs_size(), 0);
+  ASSERT_GT(first->signature().outputs_size(), 0);
+  EXPECT_EQ(first->signature().outputs(0).name(), "out");
+  auto again = c->SubmitProblem(req);  // the same text is the same problem
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->problem_id(), first->problem_id());
+
+  // A broken operator is INVALID_ARGUMENT naming the problem, never the
+  // server's private temporary path.
+  req.set_name("broken");
+  req.set_source("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x)\n        return x\n");
+  auto broken = c->SubmitProblem(req);
+  EXPECT_EQ(broken.status().code(), Code::kInvalidArgument) << broken.status().ToString();
+  EXPECT_NE(broken.status().message().find("broken.py"), std::string::npos) << broken.status().message();
+  EXPECT_EQ(broken.status().message().find("ks-submit-"), std::string::npos) << broken.status().message();
+
+  // `kernelsearch submit --watch` end to end.
+  SubprocessOptions cli;
+  cli.argv = {KS_CLI_BINARY, "submit", h.Path("scale2.py"), "--server", h.address(),
+              "--token-file", h.Path("token"), "--rounds", "1", "--ideas", "2", "--branches", "1", "--beam", "1",
+              "--watch"};
+  cli.timeout_s = 600;
+  auto out = RunSubprocess(cli);
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(out->Succeeded()) << out->err << out->out << h.Log();
+  EXPECT_NE(out->out.find("finished: search"), std::string::npos) << out->out;
   EXPECT_EQ(h.Terminate(), "exit code 0");
 }
 

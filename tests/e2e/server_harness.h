@@ -129,6 +129,7 @@ class ServerHarness {
     return "still running after 60 s";
   }
   void KillHard() { child_.Kill(); }
+  pid_t pid() const { return child_.pid(); }
 
   std::unique_ptr<server::Client> Connect(const std::string& token) const {
     server::ClientOptions o;
