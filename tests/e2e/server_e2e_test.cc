@@ -423,6 +423,37 @@ TEST(ServerE2E, EvaluateKernelWithoutGpuIsFailedPrecondition) {
   EXPECT_EQ(h.Terminate(), "exit code 0");
 }
 
+// TLS: a client that trusts the server's CA gets through; a plain-text client
+// does not. Beyond loopback, the server refuses to start without TLS.
+TEST(ServerE2E, TlsAndLoopbackPolicy) {
+  if (!FindOnPath("openssl")) GTEST_SKIP() << "no openssl to make a test certificate";
+  ServerHarness probe;
+  SubprocessOptions gen;
+  gen.argv = {"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", probe.Path("key.pem"),
+              "-out", probe.Path("cert.pem"), "-days", "2", "-subj", "/CN=localhost",
+              "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"};
+  auto made = RunSubprocess(gen);
+  ASSERT_TRUE(made.ok() && made->Succeeded()) << (made.ok() ? made->err : made.status().ToString());
+
+  ServerHarness h({.extra_args = {"--tls-cert", probe.Path("cert.pem"), "--tls-key", probe.Path("key.pem")}});
+  h.Start();
+  pb::GetSearchRequest req;
+  req.set_search_id("1");
+  auto secure = h.Connect(h.token(), probe.Path("cert.pem"))->GetSearch(req);
+  EXPECT_EQ(secure.status().code(), Code::kNotFound) << secure.status().ToString();
+  auto plain = h.Connect(h.token())->GetSearch(req);
+  EXPECT_EQ(plain.status().code(), Code::kUnavailable) << plain.status().ToString();
+  EXPECT_EQ(h.Terminate(), "exit code 0");
+
+  SubprocessOptions open;
+  open.argv = {KS_CLI_BINARY, "serve", "--listen", "0.0.0.0:0", "--token-file", probe.Path("token"), "--db",
+               probe.db(), "--model", "command:" + probe.Path("model.sh"), "--evaluator", "fake"};
+  auto refused = RunSubprocess(open);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->exit_code, 2) << refused->err;
+  EXPECT_NE(refused->err.find("--tls-cert"), std::string::npos) << refused->err;
+}
+
 // The whole user path through the reference bridge: needs python3 with torch
 // (the GPU machines have it; skipped where it is absent).
 TEST(ServerE2E, SubmitProblemThroughTheBridgeThenSearch) {

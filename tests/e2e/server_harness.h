@@ -131,10 +131,11 @@ class ServerHarness {
   void KillHard() { child_.Kill(); }
   pid_t pid() const { return child_.pid(); }
 
-  std::unique_ptr<server::Client> Connect(const std::string& token) const {
+  std::unique_ptr<server::Client> Connect(const std::string& token, const std::string& tls_ca = "") const {
     server::ClientOptions o;
     o.address = address_;
     o.token = token;
+    o.tls_ca = tls_ca;
     o.timeout_s = 60;
     auto c = server::Client::Connect(o);
     Check(c.status());
