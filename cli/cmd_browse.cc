@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
+#include "search/export.h"
 #include "search/store/lineage_store.h"
 
 namespace ks::cli {
@@ -27,6 +28,7 @@ struct BrowseFlags {
   std::string problem;
   int64_t id = 0;
   std::string out_dir;
+  std::string arch = "sm_90";
 };
 
 StatusOr<std::unique_ptr<store::LineageStore>> OpenStore(const BrowseFlags& f) {
@@ -184,255 +186,24 @@ int Lineage(const BrowseFlags& f) {
   return kExitOk;
 }
 
-// The exported module: the kernel as a drop-in replacement for the problem's
-// Model. Runtime compilation goes through NVRTC and the CUDA driver loaded with
-// ctypes (no build step, no extra package; torch.utils.cpp_extension would need
-// a host compiler and minutes of build, jiterator only takes elementwise code).
-// Launch arguments are sized from the compiled kernel itself
-// (cuFuncGetParamInfo), as the evaluator does.
-constexpr const char* kModuleTemplate = R"PY("""kernelsearch export: candidate {id} of problem {problem} ({speedup} over eager when measured).
-
-    from kernel_module import ModelNew
-    model = ModelNew(*problem.get_init_inputs()).cuda()
-    out = model(*inputs)
-
-ModelNew builds the problem's Model for its parameters (same constructor
-arguments, same state_dict), then runs the exported launch plan on the current
-torch CUDA stream. The CUDA source is compiled at first use with NVRTC and
-loaded with the CUDA driver, both through ctypes.
-"""
-import ast
-import ctypes
-import ctypes.util
-import glob
-import importlib.util
-import json
-import os
-
-import torch
-
-SOURCE = {source}
-PLAN = json.loads({plan})
-SIGNATURE = json.loads({signature})
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _load_problem():
-    spec = importlib.util.spec_from_file_location("ks_problem", os.path.join(_HERE, "problem.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _find_lib(names, patterns):
-    for n in names:
-        try:
-            return ctypes.CDLL(n)
-        except OSError:
-            pass
-    roots = [os.path.dirname(torch.__file__)] + [os.path.join(os.path.dirname(torch.__file__), "..", "nvidia")]
-    for root in roots:
-        for pat in patterns:
-            for path in sorted(glob.glob(os.path.join(root, "**", pat), recursive=True)):
-                try:
-                    return ctypes.CDLL(path)
-                except OSError:
-                    pass
-    raise RuntimeError("cannot load any of %s" % (names,))
-
-
-_nvrtc = None
-_cuda = None
-
-
-def _libs():
-    global _nvrtc, _cuda
-    if _cuda is None:
-        _cuda = _find_lib(["libcuda.so.1", "libcuda.so"], [])
-        found = ctypes.util.find_library("nvrtc")
-        _nvrtc = _find_lib(([found] if found else []) + ["libnvrtc.so", "libnvrtc.so.12", "libnvrtc.so.13"],
-                           ["libnvrtc.so*"])
-    return _nvrtc, _cuda
-
-
-def _check_cu(rc, what):
-    if rc != 0:
-        name = ctypes.c_char_p()
-        _cuda.cuGetErrorName(rc, ctypes.byref(name))
-        raise RuntimeError("%s failed: %s" % (what, name.value.decode() if name.value else rc))
-
-
-def _compile(device):
-    nvrtc, cuda = _libs()
-    torch.cuda.init()
-    major, minor = torch.cuda.get_device_capability(device)
-    prog = ctypes.c_void_p()
-    src = SOURCE.encode()
-    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"kernel.cu", 0, None, None) != 0:
-        raise RuntimeError("nvrtcCreateProgram failed")
-    include = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
-    opts = [("--gpu-architecture=sm_%d%d" % (major, minor)).encode(), b"-std=c++17", ("-I" + include).encode()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    if rc != 0:
-        size = ctypes.c_size_t()
-        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError("NVRTC failed:\n" + log.value.decode(errors="replace"))
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
-    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    module = ctypes.c_void_p()
-    _check_cu(cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
-    funcs = {{}}
-    for launch in PLAN["launches"]:
-        name = launch["kernel"]
-        if name not in funcs:
-            fn = ctypes.c_void_p()
-            _check_cu(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), "cuModuleGetFunction " + name)
-            sizes = []
-            while True:
-                off, sz = ctypes.c_size_t(), ctypes.c_size_t()
-                if cuda.cuFuncGetParamInfo(fn, len(sizes), ctypes.byref(off), ctypes.byref(sz)) != 0:
-                    break
-                sizes.append(sz.value)
-            funcs[name] = (fn, sizes)
-    return module, funcs
-
-
-def _eval(expr, env):
-    """Plan expressions: integers, + - * / %, parentheses, cdiv, min, max, t.shape[i], t.numel, scalars."""
-    if isinstance(expr, (int, float)):
-        return expr
-
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
-        if isinstance(node, ast.BinOp):
-            a, b = ev(node.left), ev(node.right)
-            ops = {{ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                   ast.Div: lambda: a // b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}}
-            return ops[type(node.op)]()
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            args = [ev(a) for a in node.args]
-            if node.func.id == "cdiv":
-                return -(-args[0] // args[1])
-            if node.func.id in ("min", "max"):
-                return (min if node.func.id == "min" else max)(args)
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
-            return env[_name(node.value.value)].shape[ev(node.slice)]
-        if isinstance(node, ast.Attribute) and node.attr == "numel":
-            return env[_name(node.value)].numel()
-        if isinstance(node, (ast.Name, ast.Attribute)):
-            return env[_name(node)]
-        raise ValueError("unsupported plan expression: %r" % expr)
-
-    return ev(ast.parse(str(expr), mode="eval"))
-
-
-def _name(node):
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return _name(node.value) + "." + node.attr
-    raise ValueError("not a name")
-
-
-_DTYPES = {{"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
-           "uint8": torch.uint8, "bool": torch.bool}}
-
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, *init_inputs):
-        super().__init__()
-        self.ref = _load_problem().Model(*init_inputs)
-        self._compiled = None
-
-    def forward(self, *inputs):
-        device = torch.cuda.current_device()
-        if self._compiled is None:
-            self._compiled = _compile(device)
-        _, funcs = self._compiled
-        env = {{}}
-        for spec, value in zip(SIGNATURE["inputs"], inputs):
-            env[spec["name"]] = value.contiguous() if isinstance(value, torch.Tensor) else value
-        for name, tensor in self.ref.state_dict().items():
-            env[name] = tensor.contiguous()
-        outs = []
-        for spec in SIGNATURE["outputs"]:
-            t = torch.empty(spec["shape"], dtype=_DTYPES[spec["dtype"]], device=device)
-            env[spec["name"]] = t
-            outs.append(t)
-        keep = []
-        for s in PLAN.get("scratch", []):
-            env[s["name"]] = torch.empty(int(_eval(s["bytes"], env)), dtype=torch.uint8, device=device)
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        for launch in PLAN["launches"]:
-            fn, sizes = funcs[launch["kernel"]]
-            grid = [int(_eval(g, env)) for g in launch["grid"]] + [1, 1]
-            block = [int(_eval(b, env)) for b in launch["block"]] + [1, 1]
-            shared = int(_eval(launch.get("shared_bytes", "0"), env))
-            if shared > 48 * 1024:
-                _check_cu(_cuda.cuFuncSetAttribute(fn, 8, shared), "raising dynamic shared memory")  # MAX_DYNAMIC_SHARED_SIZE_BYTES
-            params = []
-            for i, arg in enumerate(launch["args"]):
-                size = sizes[i] if i < len(sizes) else 8
-                value = env.get(arg) if isinstance(arg, str) else None
-                if isinstance(value, torch.Tensor):
-                    params.append(ctypes.c_uint64(value.data_ptr()))
-                    continue
-                is_float = isinstance(arg, float) or (isinstance(arg, str) and any(c in arg for c in ".e") and
-                                                      not any(c.isalpha() and c != "e" for c in arg))
-                v = float(arg) if is_float else _eval(arg, env)
-                if isinstance(v, float) or is_float:
-                    params.append(ctypes.c_float(v) if size == 4 else ctypes.c_double(v))
-                else:
-                    params.append(ctypes.c_int32(int(v)) if size == 4 else ctypes.c_int64(int(v)))
-            keep.append(params)
-            ptrs = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
-            _check_cu(_cuda.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared,
-                                           stream, ptrs, None), "cuLaunchKernel " + launch["kernel"])
-        return outs[0] if len(outs) == 1 else tuple(outs)
-)PY";
-
-std::string PyString(const std::string& s) { return nlohmann::json(s).dump(); }  // JSON strings are Python literals
-
 int Export(const BrowseFlags& f) {
   KS_ASSIGN_OR_RETURN_CLI(auto store, OpenStore(f));
-  KS_ASSIGN_OR_RETURN_CLI(auto c, store->GetCandidate(f.id));
-  if (c.source.empty()) return ReportError(InvalidArgument(fmt::format("candidate {} has no kernel source", c.id)));
-  KS_ASSIGN_OR_RETURN_CLI(auto search, store->GetSearch(c.search_id));
-  KS_ASSIGN_OR_RETURN_CLI(auto problem, store->GetProblem(search.problem_id));
-  if (problem.signature_json == "{}")
-    return ReportError(FailedPrecondition("the store has no signature for problem " + problem.name));
+  ExportOptions options;
+  options.arch = f.arch;
+  KS_ASSIGN_OR_RETURN_CLI(auto files, ExportCandidate(store.get(), f.id, options));
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
   if (ec) return ReportError(FailedPrecondition("creating " + f.out_dir + ": " + ec.message()));
-  std::string speedup = c.evaluation && c.evaluation->speedup_eager
-                            ? fmt::format("{:.2f}x", *c.evaluation->speedup_eager)
-                            : "not measured";
-  std::string module = fmt::format(fmt::runtime(kModuleTemplate), fmt::arg("id", c.id),
-                                   fmt::arg("problem", problem.name), fmt::arg("speedup", speedup),
-                                   fmt::arg("source", PyString(c.source)), fmt::arg("plan", PyString(c.plan_json)),
-                                   fmt::arg("signature", PyString(problem.signature_json)));
-  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
-           {"kernel.cu", c.source}, {"plan.json", c.plan_json}, {"problem.py", problem.source},
-           {"kernel_module.py", module}}) {
-    Status st = WriteFile(f.out_dir + "/" + name, text);
+  std::string names;
+  for (const auto& file : files) {
+    Status st = WriteFile(f.out_dir + "/" + file.name, file.text);
     if (!st.ok()) return ReportError(st);
+    names += (names.empty() ? "" : ", ") + file.name;
   }
   if (f.json)
-    std::printf("%s\n", nlohmann::json({{"candidate", c.id}, {"out", f.out_dir}}).dump().c_str());
+    std::printf("%s\n", nlohmann::json({{"candidate", f.id}, {"out", f.out_dir}}).dump().c_str());
   else
-    std::printf("wrote %s/{kernel.cu, plan.json, problem.py, kernel_module.py}\n", f.out_dir.c_str());
+    std::printf("wrote %s/{%s}\n", f.out_dir.c_str(), names.c_str());
   return kExitOk;
 }
 
@@ -460,6 +231,10 @@ void RegisterBrowseCommands(CLI::App& app) {
       [](CLI::App* s, BrowseFlags* f) {
         s->add_option("id", f->id, "candidate id")->required();
         s->add_option("--out", f->out_dir, "output directory")->required();
+        s->add_option("--arch", f->arch,
+                      "arch to compile for at export, to read the kernels' parameters (the module compiles for "
+                      "the GPU it runs on)")
+            ->capture_default_str();
       });
 }
 

@@ -19,7 +19,7 @@ struct EvalArgs {
   int sets = 3;
   bool json = false;
   bool keep_privileges = false;
-  double run_timeout_s = 10;
+  double run_timeout_s = 0;
 };
 
 // Candidates of a directory: every .md, and every .cu with a .json beside it.
@@ -123,7 +123,7 @@ void RegisterEvalCommand(CLI::App& app) {
       ->check(CLI::ExistingPath);
   sub->add_option("--plan", a->plan, "Launch-plan JSON file (single .cu candidate)")->check(CLI::ExistingFile);
   sub->add_option("--sets", a->sets, "Input sets to check against")->capture_default_str()->check(CLI::Range(1, 16));
-  sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed")
+  sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")
       ->capture_default_str();
   sub->add_option("--python", a->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");

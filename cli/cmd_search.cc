@@ -120,7 +120,8 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
                         {"pending", out.pending},
                         {"evaluated_now", out.evaluated_now},
                         {"llm_calls_now", out.llm_calls_now},
-                        {"llm_calls_reused", out.llm_calls_reused}};
+                        {"llm_calls_reused", out.llm_calls_reused},
+                        {"elapsed_s", out.total_elapsed_s}};
     if (out.best_candidate) j["best_candidate"] = *out.best_candidate;
     if (out.best_speedup) j["best_speedup"] = *out.best_speedup;
     std::printf("%s\n", j.dump().c_str());
@@ -204,9 +205,15 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   // spends anything on the model.
   std::unique_ptr<CandidateEvaluator> evaluator;
   if (!f.generate_only) {
-    auto ev = MakeEvaluator(problem_file, {.spec = f.evaluator});
-    if (!ev.ok()) return ReportError(ev.status());
-    evaluator = std::move(ev).value();
+    auto made = MakeSearchEvaluator(problem_file, {.spec = f.evaluator});
+    if (!made.ok()) return ReportError(made.status());
+    evaluator = std::move(made->evaluator);
+    // What the prompts say about the GPU is fixed when the search is created:
+    // the evaluator's measured facts, with --gpu naming it differently.
+    if (!f.resume && made->gpu) {
+      config.gpu = *made->gpu;
+      if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
+    }
     if (!f.resume && config.gpu.name.empty()) config.gpu.name = evaluator->DeviceName();
   }
   auto llm = MakeClient(f, config);
@@ -315,7 +322,7 @@ void RegisterSearchCommands(CLI::App& app) {
   sub->add_option("--budget-calls", f->budget_calls, "stop after this many model calls");
   sub->add_option("--budget-tokens", f->budget_tokens, "stop after this many tokens");
   sub->add_option("--budget-cost", f->budget_cost, "stop after this much model spend (USD)");
-  sub->add_option("--budget-minutes", f->budget_minutes, "stop after this many minutes (per run)");
+  sub->add_option("--budget-minutes", f->budget_minutes, "stop after this many minutes of wall time (summed over resumes)");
   sub->add_option("--target-speedup", f->target_speedup, "stop once a kernel is this much faster than eager");
   sub->add_option("--ideas-model", f->ideas_model, "model SPEC for the ideas prompt");
   sub->add_option("--implement-model", f->implement_model, "model SPEC for the implement prompt");

@@ -9,6 +9,13 @@ namespace {
 
 using GetProcFn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
 
+// The ABI we ask cuGetProcAddress for. Asking for the toolkit's own version
+// returns the newest variant of each entry point, whose signature can differ
+// from the prototype the name declares (CUDA 13: cuCtxSynchronize resolves to
+// cuCtxSynchronize_v2(CUcontext)). At 12.0 every entry point we use has the
+// signature of its cuda.h prototype (or of the _vN its macro names).
+constexpr int kAbiVersion = 12000;
+
 StatusOr<const CudaDriver*> LoadOnce() {
   // Never dlclose'd: the driver stays for the life of the process.
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -25,7 +32,7 @@ StatusOr<const CudaDriver*> LoadOnce() {
   {                                                                                               \
     void* fn = nullptr;                                                                           \
     CUdriverProcAddressQueryResult q;                                                             \
-    if (get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS || !fn) \
+    if (get_proc(#name, &fn, kAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS || !fn) \
       missing += std::string(" ") + #name;                                                        \
     d->name = reinterpret_cast<decltype(d->name)>(fn);                                            \
   }

@@ -29,7 +29,7 @@ namespace ks {
 struct GpuEvaluatorOptions {
   int device = 0;
   std::string worker_path;          // "" = FindWorker
-  double run_timeout_s = 10;        // one run of the plan; a hung kernel ends here
+  double run_timeout_s = 0;         // one run of the plan; 0 = auto: 200x the eager median, within 2..60 s
   double compile_timeout_s = 60;
   int compile_threads = 4;
   double target_timed_ms = 1000;    // timing: runs = clamp(target / estimate, min, max)
@@ -87,6 +87,7 @@ class GpuEvaluator : public CandidateEvaluator {
   void StopWorker(const std::string& why);
   std::string TakeWorkerLog();
   RunResult RunOnce(int set);
+  double RunTimeout() const;
   Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad);
   StatusOr<uint64_t> CountDiffWords(CUdeviceptr a, CUdeviceptr b, uint64_t bytes);
   StatusOr<uint64_t> CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill);

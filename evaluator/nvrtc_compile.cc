@@ -2,6 +2,7 @@
 // never run the compiler on untrusted source in their own address space.
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -52,6 +53,8 @@ std::string Log(nvrtcProgram p) {
   std::string log(n, '\0');
   nvrtcGetProgramLog(p, log.data());
   log.resize(n - 1);
+  // The front end's and ptxas's logs can be joined by a NUL: keep all of it readable.
+  log.erase(std::remove(log.begin(), log.end(), '\0'), log.end());
   return log;
 }
 

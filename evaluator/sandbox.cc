@@ -23,7 +23,7 @@ int ApplySandbox(const SandboxLimits& l) {
   if (l.die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
   // No core dumps: a crashing kernel's memory image must not land on disk.
   if (int rc = Limit(RLIMIT_CORE, 0)) return rc;
-  prctl(PR_SET_DUMPABLE, 0);
+  if (!l.keep_dumpable) prctl(PR_SET_DUMPABLE, 0);
   if (l.file_size_bytes > 0)
     if (int rc = Limit(RLIMIT_FSIZE, l.file_size_bytes)) return rc;
   if (l.open_files > 0)

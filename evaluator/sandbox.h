@@ -15,6 +15,7 @@ struct SandboxLimits {
   bool new_network_namespace = true;   // unshare(CLONE_NEWNET) when permitted: no network
   bool drop_privileges = true;         // when root: setgid/setuid to nobody (65534)
   bool die_with_parent = true;         // PR_SET_PDEATHSIG(SIGKILL)
+  bool keep_dumpable = false;          // false: PR_SET_DUMPABLE 0 (no core, no ptrace by others)
 };
 
 // Applies the limits; returns 0 or a negative errno for a step that must not be

@@ -2,13 +2,22 @@
 //   ""  or "gpu"          the GPU evaluator (evaluator/gpu_evaluator.h), on the
 //                          problem file; FailedPrecondition while none is built in
 //   "fake" / "fake:FILE"   ScriptedEvaluator (scripted_evaluator.h), for tests
+//
+// Besides the evaluator, a search wants to know what the prompts should say
+// about the GPU (search/llm/prompts.h GpuFacts): evaluators that stand for a
+// real device report it here, once, when they are made. The facts are fixed in
+// the search's config when it is created (search_config.h), so that a split
+// search renders the same prompts on a machine without the GPU.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
+#include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
+#include "search/llm/prompts.h"
 
 namespace ks {
 
@@ -18,8 +27,24 @@ struct EvaluatorOptions {
   int device = 0;       // CUDA device ordinal
 };
 
+// An evaluator for one problem and what it knows about its device.
+struct SearchEvaluator {
+  std::unique_ptr<CandidateEvaluator> evaluator;
+  // Set when the evaluator measured a real device (the GPU evaluator), or a
+  // scripted one was told to pretend (its config's "gpu" object).
+  std::optional<GpuFacts> gpu;
+};
+
 // The caller owns the evaluator; it is used for one problem.
+StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, const EvaluatorOptions& options);
+// The same, without the device facts (callers that only evaluate).
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeEvaluator(const std::string& problem_file,
                                                             const EvaluatorOptions& options);
+
+// The facts prompts state about a device, from what the GPU evaluator queried
+// and measured: GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps()).
+// Figures the device query does not give (shared memory and registers per SM,
+// FLOP peaks) stay 0, which the prompts render as unknown.
+GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gbps);
 
 }  // namespace ks
