@@ -4,6 +4,7 @@
 // shape and budgets of a search, within the server's bounds.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/cli.h"
 #include "cli/llm_flags.h"
@@ -24,7 +25,11 @@ struct ServeFlags {
 };
 
 int RunServe(ServeFlags& f) {
-  if (f.server.db_path.empty()) f.server.db_path = store::DefaultDbPath();
+  // Its own file by default, beside the CLI's: on start the server resumes
+  // every pending or running search of its store, and must not take over one
+  // that a local `kernelsearch search` is running in the CLI's file.
+  if (f.server.db_path.empty())
+    f.server.db_path = (std::filesystem::path(store::DefaultDbPath()).parent_path() / "server.db").string();
   auto prompts = PromptLibrary::LoadDefault();
   if (!prompts.ok()) return ReportError(prompts.status());
   const PromptLibrary prompt_library = std::move(prompts).value();
@@ -75,7 +80,7 @@ void RegisterServeCommand(CLI::App& app) {
   sub->add_option("--token-file", f->server.token_file, "File holding the bearer token (else $KS_SERVER_TOKEN)");
   sub->add_option("--tls-cert", f->server.tls_cert, "PEM certificate chain (TLS; required beyond loopback)");
   sub->add_option("--tls-key", f->server.tls_key, "PEM private key for --tls-cert");
-  sub->add_option("--db", f->server.db_path, "Lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
+  sub->add_option("--db", f->server.db_path, "Lineage store (default server.db beside the CLI's lineage.db; the server resumes its unfinished searches)");
   sub->add_option("--evaluator", f->evaluator, "Evaluator: gpu (default) or fake[:CONFIG.json] for tests");
   sub->add_option("--python", f->python, "python3 with torch for the reference bridge");
   sub->add_option("--max-running", f->server.limits.max_running_searches, "Searches run at once")
