@@ -174,6 +174,7 @@ class Orchestrator::SearchRun {
 
   Status Load() {
     KS_ASSIGN_OR_RETURN(search_, store_->GetSearch(search_id_));
+    prior_elapsed_s_ = search_.elapsed_s;
     KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store_->GetProblem(search_.problem_id));
     nlohmann::json cj = nlohmann::json::parse(search_.config_json, nullptr, false);
     auto config = SearchConfigFromJson(cj);
@@ -203,6 +204,7 @@ class Orchestrator::SearchRun {
 
   StatusOr<SearchOutcome> Run(Mode mode) {
     start_ = Clock::now();
+    elapsed_mark_ = start_;
     if (!o_->deps_.llm || !o_->deps_.prompts) return FailedPrecondition("the search needs an LLM client and prompts");
     if (mode == Mode::kContinuous && !o_->deps_.evaluator)
       return FailedPrecondition("no evaluator: run with --generate-only, then evaluate-pending on a GPU node");
@@ -217,10 +219,13 @@ class Orchestrator::SearchRun {
 
   StatusOr<SearchOutcome> EvaluateOnly() {
     start_ = Clock::now();
+    elapsed_mark_ = start_;
     if (!o_->deps_.evaluator) return FailedPrecondition("evaluate-pending needs an evaluator");
     KS_RETURN_IF_ERROR(Load());
     auto n = EvaluateBatch();
+    Status saved = SaveElapsed();
     if (!n.ok()) return n.status();
+    KS_RETURN_IF_ERROR(saved);
     SearchOutcome out = Outcome();
     KS_ASSIGN_OR_RETURN(auto s, store_->GetSearch(search_id_));
     out.status = s.status;
@@ -636,7 +641,7 @@ class Orchestrator::SearchRun {
       return fmt::format("budget: {} tokens", config_.budget_tokens);
     if (config_.budget_cost_usd > 0 && spend_.cost_usd >= config_.budget_cost_usd)
       return fmt::format("budget: ${}", config_.budget_cost_usd);
-    if (config_.budget_minutes > 0 && Seconds(start_) >= config_.budget_minutes * 60)
+    if (config_.budget_minutes > 0 && prior_elapsed_s_ + Seconds(start_) >= config_.budget_minutes * 60)
       return fmt::format("budget: {} minutes", config_.budget_minutes);
     return "";
   }
@@ -696,7 +701,18 @@ class Orchestrator::SearchRun {
       }
     }
     KS_RETURN_IF_ERROR(UpdateBest());
+    KS_RETURN_IF_ERROR(SaveElapsed());
     return done;
+  }
+
+  // Adds the wall time since the last save to the search's stored total (Run
+  // thread only). Saved after every evaluated batch and at the end, so that a
+  // killed process loses at most the time since its last batch.
+  Status SaveElapsed() {
+    auto now = Clock::now();
+    double delta = std::chrono::duration<double>(now - elapsed_mark_).count();
+    elapsed_mark_ = now;
+    return store_->AddSearchElapsed(search_id_, delta);
   }
 
   void Evaluated(int round, int64_t id, const Evaluation& e, bool reused) {
@@ -755,6 +771,11 @@ class Orchestrator::SearchRun {
   }
 
   StatusOr<SearchOutcome> Finish() {
+    Status saved = SaveElapsed();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!saved.ok() && fatal_.ok()) fatal_ = saved;
+    }
     SearchOutcome out = Outcome();
     SearchStatus status;
     std::string reason;
@@ -797,6 +818,7 @@ class Orchestrator::SearchRun {
     out.llm_calls_now = calls_now_;
     out.llm_calls_reused = calls_reused_;
     out.wall_s = Seconds(start_);
+    out.total_elapsed_s = prior_elapsed_s_ + out.wall_s;
     out.evaluator_s = evaluator_s_;
     out.llm_wait_s = llm_wait_s_;
     return out;
@@ -825,6 +847,8 @@ class Orchestrator::SearchRun {
   SearchConfig config_;
   ProblemContext problem_;
   Clock::time_point start_;
+  Clock::time_point elapsed_mark_;  // Run thread only: when elapsed time was last saved
+  double prior_elapsed_s_ = 0;      // spent on the search by earlier processes (as loaded)
   std::atomic<int> round_{-1};
 
   std::mutex mu_;

@@ -98,6 +98,9 @@ struct SearchOutcome {
   double wall_s = 0;
   double evaluator_s = 0;
   double llm_wait_s = 0;
+  // Wall time spent on the search by every process so far, this one included
+  // (what --budget-minutes counts).
+  double total_elapsed_s = 0;
 };
 
 // The next beam: up to `beam_size` correct candidates, fastest first; among

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "search/search_config.h"
 #include "search/store/candidate_hash.h"
 
 namespace ks {
@@ -37,6 +38,10 @@ StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::strin
     o.log_path = j.value("log", o.log_path);
     o.fail_after = j.value("fail_after", o.fail_after);
     o.device = j.value("device", o.device);
+    if (j.contains("gpu")) {
+      if (!j["gpu"].is_object()) return InvalidArgument(path + ": \"gpu\" must be an object");
+      o.gpu = GpuFactsFromJson(j["gpu"]);
+    }
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(path + ": " + e.what());
   }

@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "evaluator/evaluator_api.h"
+#include "search/llm/prompts.h"
 
 namespace ks {
 
@@ -28,9 +30,12 @@ struct ScriptedEvaluatorOptions {
   std::string log_path;    // "" = no log
   int64_t fail_after = -1; // < 0: never
   std::string device = "fake-gpu";
+  // Device facts to report as if measured (tests of the facts reaching prompts).
+  std::optional<GpuFacts> gpu;
 };
 
-// Reads {"eager_ms", "compile_ms", "delay_ms", "log", "fail_after", "device"}.
+// Reads {"eager_ms", "compile_ms", "delay_ms", "log", "fail_after", "device",
+// "gpu"}; "gpu" is an object as in a search config's "gpu" (search_config.h).
 StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::string& path);
 
 class ScriptedEvaluator final : public CandidateEvaluator {

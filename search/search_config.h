@@ -24,8 +24,9 @@ struct SearchConfig {
   int beam = 2;             // B: kernels carried into the next round
   int repair_attempts = 1;  // repairs chained onto a failed candidate (0 = none)
 
-  // Budgets; 0 = unlimited. Calls, tokens and cost count the whole search (a
-  // resumed one too); minutes count one run of the process.
+  // Budgets; 0 = unlimited. All count the whole search: a resumed or split
+  // search adds up the calls, tokens, cost and wall time of every process that
+  // ran part of it (wall time is stored per search, see SearchRow::elapsed_s).
   int64_t budget_calls = 0;
   int64_t budget_tokens = 0;
   double budget_cost_usd = 0;

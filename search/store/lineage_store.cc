@@ -115,6 +115,12 @@ CREATE UNIQUE INDEX candidates_by_slot ON candidates(search_id, slot_key);
 CREATE INDEX candidates_pending ON candidates(state) WHERE state = 'pending';
 CREATE INDEX llm_calls_by_slot ON llm_calls(search_id, slot_key, prompt_sha256);
 )sql",
+      // 3: wall time spent on a search so far, summed over every process that
+      // ran part of it (resumes, generate-only steps, evaluate-pending), so that
+      // a wall-time budget holds across them.
+      R"sql(
+ALTER TABLE searches ADD COLUMN elapsed_s REAL NOT NULL DEFAULT 0;
+)sql",
   };
   return kSteps;
 }
@@ -276,10 +282,11 @@ StatusOr<SearchRow> ReadSearch(const Stmt& s) {
   r.created = s.Text(5);
   r.updated = s.Text(6);
   r.best_candidate = s.OptInt(7);
+  r.elapsed_s = s.Real(8);
   return r;
 }
 constexpr const char* kSearchColumns =
-    "id, problem_id, config_json, status, stop_reason, created, updated, best_candidate";
+    "id, problem_id, config_json, status, stop_reason, created, updated, best_candidate, elapsed_s";
 
 IdeaRow ReadIdea(const Stmt& s) {
   IdeaRow i;
@@ -526,6 +533,16 @@ Status LineageStore::SetSearchStatus(int64_t id, SearchStatus status, const std:
   std::lock_guard<std::mutex> lock(mu_);
   KS_STMT(u, std::string("UPDATE searches SET status = ?, stop_reason = ?, updated = ") + kNow + " WHERE id = ?");
   u.Bind(1, SearchStatusName(status)).Bind(2, stop_reason).Bind(3, id);
+  KS_RETURN_IF_ERROR(u.Run());
+  if (sqlite3_changes(db_.get()) == 0) return NotFound("no search with id " + std::to_string(id));
+  return Status::Ok();
+}
+
+Status LineageStore::AddSearchElapsed(int64_t id, double seconds) {
+  if (!(seconds >= 0)) return InvalidArgument("elapsed time must be non-negative");
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, "UPDATE searches SET elapsed_s = elapsed_s + ? WHERE id = ?");
+  u.Bind(1, seconds).Bind(2, id);
   KS_RETURN_IF_ERROR(u.Run());
   if (sqlite3_changes(db_.get()) == 0) return NotFound("no search with id " + std::to_string(id));
   return Status::Ok();

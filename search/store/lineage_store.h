@@ -62,6 +62,9 @@ struct SearchRow {
   std::string created;
   std::string updated;
   std::optional<int64_t> best_candidate;
+  // Wall time spent on the search, summed over every process that ran part of
+  // it; what a wall-time budget counts.
+  double elapsed_s = 0;
 };
 
 struct IdeaRow {
@@ -180,6 +183,9 @@ class LineageStore {
   StatusOr<SearchRow> GetSearch(int64_t id);
   Status SetSearchStatus(int64_t id, SearchStatus status, const std::string& stop_reason);
   Status SetBestCandidate(int64_t search_id, std::optional<int64_t> candidate_id);
+  // Adds wall time spent on the search (atomically, so that processes working
+  // on the same search add up rather than overwrite).
+  Status AddSearchElapsed(int64_t id, double seconds);
   // Newest first; problem_id 0 = all problems.
   StatusOr<std::vector<SearchSummary>> History(int64_t problem_id);
   StatusOr<SearchSummary> Summarize(int64_t search_id);

@@ -501,6 +501,50 @@ TEST_F(OrchestratorTest, GenerateOnlyAndEvaluatePendingMatchAContinuousRun) {
   EXPECT_EQ(evaluator.evaluated(), ref_eval.evaluated());
 }
 
+TEST_F(OrchestratorTest, WallTimeIsStoredAndTheBudgetCountsEveryRun) {
+  SearchConfig c = Config(2, 2, 1, 1, 0);
+  c.budget_minutes = 10;
+  auto store = Store("wall.db");
+  int64_t id = NewSearch(store.get(), c);
+  EXPECT_EQ(store->GetSearch(id)->elapsed_s, 0);
+
+  // A first run, cancelled after a few calls, leaves its wall time in the store.
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({.delay_ms = 20});
+  {
+    Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+    llm.to_cancel_ = &orch;
+    llm.cancel_after_ = 3;
+    auto out = orch.Run(id);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(out->status, SearchStatus::kCancelled);
+    double stored = store->GetSearch(id)->elapsed_s;
+    EXPECT_GT(stored, 0);
+    EXPECT_LE(stored, out->wall_s + 1e-6);
+    EXPECT_NEAR(out->total_elapsed_s, out->wall_s, 1e-9);  // the first run: nothing before it
+  }
+  // Evaluating what is pending (the GPU side of a split search) adds its time.
+  double before = store->GetSearch(id)->elapsed_s;
+  {
+    Orchestrator gpu_side({store.get(), nullptr, &evaluator, nullptr}, nullptr);
+    auto out = gpu_side.EvaluatePending(id);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_GT(store->GetSearch(id)->elapsed_s, before);
+    EXPECT_GE(out->total_elapsed_s, before);
+  }
+  // Earlier processes spent the budget (as if they had run for 10 minutes): the
+  // next run stops before asking the model anything, however short it is.
+  ASSERT_TRUE(store->AddSearchElapsed(id, 600).ok());
+  int calls = llm.calls();
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, SearchStatus::kFinished);
+  EXPECT_EQ(out->stop_reason, "budget: 10 minutes");
+  EXPECT_EQ(llm.calls(), calls);
+  EXPECT_GE(out->total_elapsed_s, 600);
+}
+
 TEST_F(OrchestratorTest, SeedKernelStartsRoundZero) {
   auto store = Store("s.db");
   FakeLlm llm;

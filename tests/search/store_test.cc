@@ -58,6 +58,28 @@ TEST_F(StoreTest, CreatesFileInWalModeAtLatestVersion) {
   EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)), "wal");
 }
 
+TEST_F(StoreTest, ElapsedTimeAddsUpAcrossConnectionsAndMigratesFromVersionTwo) {
+  int64_t search_id;
+  {
+    auto old = LineageStore::Open(path_, {.max_schema_version = 2});
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    auto p = (*old)->PutProblem({.name = "softmax", .file_path = "softmax.py", .source = "class Model: ..."});
+    ASSERT_TRUE(p.ok());
+    auto s = (*old)->CreateSearch(*p, "{}");
+    ASSERT_TRUE(s.ok());
+    search_id = *s;
+    EXPECT_FALSE((*old)->AddSearchElapsed(search_id, 1).ok());  // no column yet: really a version-2 file
+  }
+  auto a = OpenOrDie();
+  EXPECT_EQ(a->GetSearch(search_id)->elapsed_s, 0);
+  auto b = OpenOrDie();  // another process's connection
+  ASSERT_TRUE(a->AddSearchElapsed(search_id, 1.5).ok());
+  ASSERT_TRUE(b->AddSearchElapsed(search_id, 2.25).ok());
+  EXPECT_DOUBLE_EQ(a->GetSearch(search_id)->elapsed_s, 3.75);
+  EXPECT_FALSE(a->AddSearchElapsed(search_id, -1).ok());
+  EXPECT_EQ(a->AddSearchElapsed(search_id + 100, 1).code(), Code::kNotFound);
+}
+
 TEST_F(StoreTest, MigratesVersionOneFileKeepingItsRows) {
   int64_t problem_id, search_id;
   {

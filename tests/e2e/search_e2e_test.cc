@@ -1,0 +1,346 @@
+// End-to-end tests of `kernelsearch search` as a user runs it: the real binary,
+// a `command:` model (tests/search/fixtures/fake_model.sh, which answers each
+// prompt with a reply derived from the prompt's hash, so every process gets the
+// same answers) and the scripted fake evaluator, whose log file records every
+// evaluation across processes. No torch and no GPU: the problem's signature
+// comes from a --signature file.
+//
+//  - kill -9 mid-round, twice, then --resume: the search finishes with the
+//    lineage of an uninterrupted run, without repeating a model call or an
+//    evaluation that was finished (stored) when the process died;
+//  - alternating `search --generate-only` and `evaluate-pending` gives the
+//    lineage of an uninterrupted run;
+//  - device facts an evaluator reports reach the search's config and prompts.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "common/subprocess.h"
+#include "evaluator/signature.h"
+#include "search/store/lineage_store.h"
+
+namespace ks {
+namespace {
+
+using store::LineageStore;
+using store::SearchStatus;
+
+const std::string kBinary = KS_CLI_BINARY;
+const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/tests/search/fixtures/fake_model.sh";
+
+// What a lineage is, independent of row ids (they depend on thread timing):
+// one tuple per candidate (round, kind, idea text, parent content, content,
+// status).
+using LineageKey = std::tuple<int, std::string, std::string, std::string, std::string, std::string>;
+std::multiset<LineageKey> CanonicalLineage(const std::string& db, int64_t search_id) {
+  std::multiset<LineageKey> out;
+  auto store = LineageStore::Open(db);
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  if (!store.ok()) return out;
+  auto cands = (*store)->ListCandidates(search_id);
+  EXPECT_TRUE(cands.ok()) << cands.status().ToString();
+  if (!cands.ok()) return out;
+  std::map<int64_t, std::string> hash_of;
+  for (const auto& c : *cands) hash_of[c.id] = c.content_hash;
+  for (const auto& c : *cands) {
+    std::string idea = c.idea_id ? (*store)->GetIdea(*c.idea_id)->text : "";
+    std::string parent = c.parent_candidate ? hash_of[*c.parent_candidate] : "";
+    std::string status = c.evaluation ? EvalStatusName(c.evaluation->status) : "pending";
+    out.insert({c.round, store::CandidateKindName(c.kind), idea, parent, c.content_hash, status});
+  }
+  return out;
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+// The last `{"event": "outcome", ...}` line of a --json run.
+nlohmann::json Outcome(const std::string& out) {
+  nlohmann::json last;
+  size_t pos = 0;
+  while (pos < out.size()) {
+    size_t end = out.find('\n', pos);
+    if (end == std::string::npos) end = out.size();
+    auto j = nlohmann::json::parse(out.substr(pos, end - pos), nullptr, false);
+    if (j.is_object() && j.value("event", "") == "outcome") last = j;
+    pos = end + 1;
+  }
+  return last;
+}
+
+class SearchE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ks_search_e2e_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    problem_ = Path("copy.py");
+    ASSERT_TRUE(WriteFile(problem_, "import torch\n\nclass Model(torch.nn.Module):\n"
+                                    "    def forward(self, x):\n        return x.clone()\n\n"
+                                    "def get_inputs():\n    return [torch.randn(1024)]\n\n"
+                                    "def get_init_inputs():\n    return []\n")
+                    .ok());
+    Signature sig;
+    sig.name = "copy";
+    sig.file = problem_;
+    sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+    sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+    signature_ = Path("signature.json");
+    ASSERT_TRUE(WriteFile(signature_, SignatureToJson(sig).dump()).ok());
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string StderrOf(const std::string& name) const {
+    auto text = ReadFile(Path(name));
+    return text.ok() ? *text : text.status().ToString();
+  }
+
+  // A fake evaluator config logging to `log`; `extra` is merged in.
+  std::string EvaluatorSpec(const std::string& name, const std::string& log, double delay_ms,
+                            const nlohmann::json& extra = nlohmann::json::object()) {
+    nlohmann::json j = {{"log", log}, {"delay_ms", delay_ms}, {"eager_ms", 2.0}};
+    j.update(extra);
+    std::string path = Path(name);
+    EXPECT_TRUE(WriteFile(path, j.dump()).ok());
+    return "fake:" + path;
+  }
+
+  // `kernelsearch search` for a new search: `rounds` + 1 rounds in all, `ideas`
+  // ideas x 2 branches (a model that answers a prompt the same way makes the
+  // two identical: evaluated once), beam 2, one repair, 2 model calls at a time.
+  std::vector<std::string> NewSearchArgs(const std::string& db, int rounds, int ideas) const {
+    return {kBinary,    "search",     problem_,  "--db",     db,       "--signature",   signature_,
+            "--model",  kModel,       "--rounds", std::to_string(rounds), "--ideas", std::to_string(ideas),
+            "--branches", "2",        "--beam",  "2",        "--repair", "1",         "--concurrency",
+            "2",        "--gpu",      "Fake GPU 1", "--quiet"};
+  }
+  std::vector<std::string> ResumeArgs(const std::string& db, int64_t id) const {
+    return {kBinary, "search", "--resume", std::to_string(id), "--db", db, "--quiet"};
+  }
+
+  SubprocessResult Run(std::vector<std::string> argv) {
+    SubprocessOptions o;
+    o.argv = std::move(argv);
+    o.timeout_s = 300;
+    auto r = RunSubprocess(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : SubprocessResult{};
+  }
+
+  // Runs a search command to its end; returns its outcome JSON.
+  nlohmann::json RunToOutcome(std::vector<std::string> argv) {
+    argv.push_back("--json");
+    SubprocessResult r = Run(argv);
+    EXPECT_TRUE(r.Succeeded()) << r.Describe() << "\nstderr: " << r.err;
+    nlohmann::json out = Outcome(r.out);
+    EXPECT_TRUE(out.is_object()) << "no outcome line in: " << r.out;
+    return out;
+  }
+
+  // Starts a search command and kill -9s it once the fake evaluator's log has
+  // at least `evaluations` lines. Fails the test if the process ended first.
+  void KillAfterEvaluations(const std::vector<std::string>& argv, const std::string& log, size_t evaluations) {
+    auto child = ChildProcess::Start(argv, {}, Path("killed.stderr"));
+    ASSERT_TRUE(child.ok()) << child.status().ToString();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (ReadLines(log).size() < evaluations) {
+      auto ended = child->TryReap();
+      ASSERT_FALSE(ended.has_value()) << "the search ended (" << *ended << ") before " << evaluations
+                                      << " evaluations; stderr: " << StderrOf("killed.stderr");
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress in 120 s";
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::string how = child->Kill();
+    EXPECT_NE(how.find("signal 9"), std::string::npos) << how;
+  }
+
+  std::filesystem::path dir_;
+  std::string problem_;
+  std::string signature_;
+};
+
+TEST_F(SearchE2eTest, KillNineMidRoundThenResumeRepeatsNothingFinished) {
+  // The uninterrupted run.
+  const std::string ref_db = Path("ref.db"), ref_log = Path("ref.log");
+  std::vector<std::string> ref_args = NewSearchArgs(ref_db, 3, 3);
+  ref_args.insert(ref_args.end(), {"--evaluator", EvaluatorSpec("ref_eval.json", ref_log, 0)});
+  nlohmann::json ref_out = RunToOutcome(ref_args);
+  ASSERT_EQ(ref_out.value("status", ""), "finished") << ref_out.dump();
+  const int64_t ref_id = ref_out.value("search", int64_t{0});
+  const std::vector<std::string> ref_evals = ReadLines(ref_log);
+  // Every distinct kernel is evaluated once; there is enough work to kill it twice.
+  ASSERT_EQ(std::set<std::string>(ref_evals.begin(), ref_evals.end()).size(), ref_evals.size());
+  ASSERT_GE(ref_evals.size(), 12u);
+
+  // The same search, kill -9'd twice mid-round. The evaluator is slowed down so
+  // that the kills land while work is in flight.
+  const std::string db = Path("killed.db"), log = Path("killed.log");
+  const std::string spec = EvaluatorSpec("eval.json", log, 40);
+  std::vector<std::string> first = NewSearchArgs(db, 3, 3);
+  first.insert(first.end(), {"--evaluator", spec});
+  std::vector<std::string> resume = ResumeArgs(db, 1);
+  resume.insert(resume.end(), {"--evaluator", spec});
+
+  // Per kill: the kernels whose evaluation was stored when the process died,
+  // and how many lines the evaluator's log had then.
+  std::vector<std::pair<std::set<std::string>, size_t>> kills;
+  for (size_t kill_at : {size_t{3}, ref_evals.size() / 2 + 2}) {
+    KillAfterEvaluations(kill_at == 3 ? first : resume, log, kill_at);
+    if (HasFatalFailure()) return;
+    auto store = LineageStore::Open(db);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    auto search = (*store)->GetSearch(1);
+    ASSERT_TRUE(search.ok()) << search.status().ToString();
+    EXPECT_EQ(search->status, SearchStatus::kRunning) << "killed, so never marked finished";
+    auto cands = (*store)->ListCandidates(1);
+    ASSERT_TRUE(cands.ok()) << cands.status().ToString();
+    std::set<std::string> stored;
+    for (const auto& c : *cands)
+      if (c.evaluation && !c.evaluation->reused_from) stored.insert(c.content_hash);
+    kills.emplace_back(std::move(stored), ReadLines(log).size());
+  }
+  ASSERT_FALSE(kills.front().first.empty());
+
+  nlohmann::json out = RunToOutcome(resume);
+  EXPECT_EQ(out.value("status", ""), "finished") << out.dump();
+  EXPECT_EQ(out.value("stop_reason", ""), "rounds");
+
+  // The lineage of the uninterrupted run.
+  EXPECT_EQ(CanonicalLineage(db, 1), CanonicalLineage(ref_db, ref_id));
+
+  // No finished model call was repeated: a call is stored when it finishes, so
+  // one repeated would be one row too many (a call in flight at a kill was never
+  // stored, and is made once, on resume).
+  auto store = LineageStore::Open(db);
+  auto ref_store = LineageStore::Open(ref_db);
+  ASSERT_TRUE(store.ok() && ref_store.ok());
+  auto calls = (*store)->ListLlmCalls(1, /*finished_only=*/false);
+  auto ref_calls = (*ref_store)->ListLlmCalls(ref_id, false);
+  ASSERT_TRUE(calls.ok() && ref_calls.ok());
+  EXPECT_EQ(calls->size(), ref_calls->size());
+  std::multiset<std::string> slots, ref_slots;
+  for (const auto& c : *calls) slots.insert(c.record.role + " " + c.prompt_sha256);
+  for (const auto& c : *ref_calls) ref_slots.insert(c.record.role + " " + c.prompt_sha256);
+  EXPECT_EQ(slots, ref_slots);
+
+  // No finished evaluation was repeated: after each kill, the evaluator never saw
+  // a kernel whose evaluation was stored when that process died. (Evaluations in
+  // flight at a kill are done again, so the log may hold those twice.)
+  const std::vector<std::string> evals = ReadLines(log);
+  for (const auto& [stored, lines] : kills)
+    for (size_t i = lines; i < evals.size(); ++i)
+      EXPECT_EQ(stored.count(evals[i]), 0u) << "evaluated again after it was stored: " << evals[i];
+  EXPECT_EQ(std::set<std::string>(evals.begin(), evals.end()),
+            std::set<std::string>(ref_evals.begin(), ref_evals.end()));
+  std::printf("reference: %zu evaluations, %zu model calls; killed at %zu and %zu evaluations (%zu and %zu stored); "
+              "%zu evaluations in all\n",
+              ref_evals.size(), ref_calls->size(), kills[0].second, kills[1].second, kills[0].first.size(),
+              kills[1].first.size(), evals.size());
+}
+
+TEST_F(SearchE2eTest, GenerateOnlyAndEvaluatePendingAlternatedMatchAContinuousRun) {
+  const std::string ref_db = Path("cont.db"), ref_log = Path("cont.log");
+  // 3 rounds in all.
+  std::vector<std::string> ref_args = NewSearchArgs(ref_db, 2, 2);
+  ref_args.insert(ref_args.end(), {"--evaluator", EvaluatorSpec("cont_eval.json", ref_log, 0)});
+  nlohmann::json ref_out = RunToOutcome(ref_args);
+  ASSERT_EQ(ref_out.value("status", ""), "finished") << ref_out.dump();
+  const int64_t ref_id = ref_out.value("search", int64_t{0});
+
+  // The model side (no evaluator) and the GPU side, as separate processes.
+  const std::string db = Path("split.db"), log = Path("split.log");
+  const std::string spec = EvaluatorSpec("split_eval.json", log, 0);
+  std::vector<std::string> generate = NewSearchArgs(db, 2, 2);
+  generate.push_back("--generate-only");
+  int steps = 0;
+  int64_t evaluated = 0;
+  std::set<int> rounds_seen;
+  for (; steps < 30; ++steps) {
+    nlohmann::json gen = RunToOutcome(generate);
+    ASSERT_TRUE(gen.is_object());
+    ASSERT_EQ(gen.value("search", int64_t{0}), 1);
+    if (gen.value("status", "") == "finished") break;
+    ASSERT_EQ(gen.value("status", ""), "running") << gen.dump();
+    const int64_t pending = gen.value("pending", int64_t{0});
+    ASSERT_GT(pending, 0) << gen.dump();
+    std::string note = gen.value("stop_reason", "");  // "round N: M candidates pending evaluation"
+    if (note.rfind("round ", 0) == 0) rounds_seen.insert(std::stoi(note.substr(6)));
+    generate = ResumeArgs(db, 1);
+    generate.push_back("--generate-only");
+
+    SubprocessResult ev = Run({kBinary, "evaluate-pending", "--db", db, "--evaluator", spec, "--json"});
+    ASSERT_TRUE(ev.Succeeded()) << ev.Describe() << "\nstderr: " << ev.err;
+    nlohmann::json eo = Outcome(ev.out);
+    EXPECT_EQ(eo.value("evaluated_now", int64_t{-1}), pending) << ev.out;
+    evaluated += eo.value("evaluated_now", int64_t{0});
+  }
+  EXPECT_EQ(rounds_seen, (std::set<int>{0, 1, 2}));  // every round crossed the split
+  EXPECT_GE(steps, 3);
+  EXPECT_LT(steps, 30);
+
+  EXPECT_EQ(CanonicalLineage(db, 1), CanonicalLineage(ref_db, ref_id));
+  auto store = LineageStore::Open(db);
+  auto ref_store = LineageStore::Open(ref_db);
+  ASSERT_TRUE(store.ok() && ref_store.ok());
+  EXPECT_EQ((*store)->ListLlmCalls(1, false)->size(), (*ref_store)->ListLlmCalls(ref_id, false)->size());
+  EXPECT_EQ((*store)->GetSearch(1)->status, SearchStatus::kFinished);
+  std::vector<std::string> evals = ReadLines(log), ref_evals = ReadLines(ref_log);
+  EXPECT_EQ(std::multiset<std::string>(evals.begin(), evals.end()),
+            std::multiset<std::string>(ref_evals.begin(), ref_evals.end()));
+  // Both sides' wall time counts toward the search's budget.
+  EXPECT_GT((*store)->GetSearch(1)->elapsed_s, 0);
+}
+
+TEST_F(SearchE2eTest, DeviceFactsFromTheEvaluatorReachTheConfigAndPrompts) {
+  const std::string db = Path("facts.db");
+  nlohmann::json facts = {{"name", "Fake H100"},       {"compute_capability", "9.0"},
+                          {"sm_count", 132},           {"shared_bytes_per_block", 232448},
+                          {"l2_bytes", 52428800},      {"memory_bandwidth_gbps", 3021.0}};
+  std::vector<std::string> args = {kBinary,   "search",  problem_,     "--db",      db,   "--signature",
+                                   signature_, "--model", kModel,       "--rounds",  "0",  "--branches",
+                                   "1",        "--repair", "0",         "--quiet"};
+  args.insert(args.end(), {"--evaluator", EvaluatorSpec("facts.json", Path("facts.log"), 0, {{"gpu", facts}})});
+  nlohmann::json out = RunToOutcome(args);
+  ASSERT_EQ(out.value("status", ""), "finished") << out.dump();
+  auto store = LineageStore::Open(db);
+  ASSERT_TRUE(store.ok());
+  auto search = (*store)->GetSearch(1);
+  ASSERT_TRUE(search.ok());
+  nlohmann::json gpu = nlohmann::json::parse(search->config_json)["gpu"];
+  EXPECT_EQ(gpu.value("sm_count", 0), 132);
+  EXPECT_EQ(gpu.value("name", ""), "Fake H100");
+  EXPECT_DOUBLE_EQ(gpu.value("memory_bandwidth_gbps", 0.0), 3021.0);
+  auto calls = (*store)->ListLlmCalls(1, true);
+  ASSERT_TRUE(calls.ok());
+  ASSERT_FALSE(calls->empty());
+  const std::string& prompt = calls->front().record.prompt;
+  EXPECT_NE(prompt.find("Fake H100 (compute capability 9.0), 132 SMs"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("3021 GB/s"), std::string::npos) << prompt;
+}
+
+}  // namespace
+}  // namespace ks

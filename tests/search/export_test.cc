@@ -1,0 +1,374 @@
+// `kernelsearch export` without a GPU: the exported module compiles as the
+// evaluator compiles (options and prelude read from evaluator/nvrtc_compile.cc
+// itself), its Python launch-plan rules agree with the evaluator's ResolvePlan
+// on many plans, and the real binary writes a module that embeds the kernels'
+// parameter kinds and the plan as the evaluator resolves it. Needs python3 (no
+// torch) and the CUDA headers + ks-worker for NVRTC. The module running on a
+// GPU is export_gpu_test.
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
+#include "common/subprocess.h"
+#include "evaluator/compiler.h"
+#include "evaluator/launch_plan.h"
+#include "search/export.h"
+#include "search/search_config.h"
+#include "search/store/lineage_store.h"
+#include "tests/search/export_kernels.h"
+
+namespace ks {
+namespace {
+
+using json = nlohmann::json;
+
+class ExportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ks_export_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs python3 on a script; its stdout.
+  std::string Python(const std::string& script, const std::vector<std::string>& args = {}) {
+    auto python = FindOnPath("python3");
+    if (!python) {
+      ADD_FAILURE() << "python3 not on PATH";
+      return "";
+    }
+    std::string path = Path("script.py");
+    EXPECT_TRUE(WriteFile(path, script).ok());
+    SubprocessOptions o;
+    o.argv = {*python, path};
+    o.argv.insert(o.argv.end(), args.begin(), args.end());
+    o.timeout_s = 120;
+    auto r = RunSubprocess(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return "";
+    EXPECT_TRUE(r->Succeeded()) << r->Describe() << "\n" << r->err;
+    return r->out;
+  }
+
+  std::filesystem::path dir_;
+};
+
+// ---- the compiler's options and prelude ----
+
+TEST(ExportNvrtcTest, PreludeAndOptionsAreTheEvaluators) {
+  auto text = ReadFile(std::string(KS_SOURCE_DIR) + "/evaluator/nvrtc_compile.cc");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  // The prelude: the raw string after kPrelude.
+  const std::string open = "kPrelude = R\"(";
+  size_t begin = text->find(open);
+  ASSERT_NE(begin, std::string::npos);
+  begin += open.size();
+  size_t end = text->find(")\";", begin);
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_EQ(text->substr(begin, end - begin), EvaluatorNvrtcPrelude());
+  // The options: every literal of the `opts` list, -arch= first, then ours.
+  std::smatch m;
+  const std::regex opts_list(R"(std::vector<std::string> opts = \{([^}]*)\};)");
+  ASSERT_TRUE(std::regex_search(*text, m, opts_list));
+  std::string list = m[1];
+  std::vector<std::string> literals;
+  const std::regex quoted("\"([^\"]*)\"");
+  for (std::sregex_iterator it(list.begin(), list.end(), quoted), e; it != e; ++it)
+    literals.push_back((*it)[1]);
+  std::vector<std::string> want = {"-arch="};
+  want.insert(want.end(), EvaluatorNvrtcOptions().begin(), EvaluatorNvrtcOptions().end());
+  EXPECT_EQ(literals, want);
+  // The include folders and the names the module passes to nvrtcCreateProgram.
+  EXPECT_NE(text->find("for (const auto& d : CudaIncludeDirs(cuda_home)) opts.push_back(\"-I\" + d);"),
+            std::string::npos);
+  EXPECT_NE(text->find("header_names[] = {\"ks_prelude.h\"}"), std::string::npos);
+  EXPECT_NE(text->find("\"candidate.cu\""), std::string::npos);
+}
+
+// ---- the launch-plan rules in Python against the evaluator's ----
+
+struct PlanCase {
+  std::string plan;
+  std::vector<KernelInfo> kernels;
+};
+
+KernelInfo Kernel(const std::string& name, std::vector<ParamKind> kinds) {
+  KernelInfo k;
+  k.name = name;
+  for (ParamKind kind : kinds) {
+    ParamInfo p;
+    p.kind = kind;
+    p.size = kind == ParamKind::kB32 || kind == ParamKind::kF32 ? 4 : 8;
+    k.params.push_back(p);
+  }
+  return k;
+}
+
+// One launch of kernel `k` (taking `kinds`) with these args.
+PlanCase OneLaunch(std::vector<ParamKind> kinds, const std::string& args, const std::string& extra = "") {
+  return {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32], "args": )" + args + "}]" + extra + "}",
+          {Kernel("k", std::move(kinds))}};
+}
+
+TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
+  Signature sig;
+  sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {8, 1000}, .strides = {1000, 1}});
+  sig.inputs.push_back({.name = "n", .is_scalar = true, .dtype = DType::kInt64, .scalar_value = 7});
+  sig.inputs.push_back({.name = "alpha", .is_scalar = true, .dtype = DType::kFloat32, .scalar_value = 0.5});
+  sig.parameters.push_back({.name = "ln.weight", .dtype = DType::kFloat32, .shape = {1000}, .strides = {1}});
+  sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {8, 1000}, .strides = {1000, 1}});
+  using K = ParamKind;
+  const auto b64 = K::kB64, b32 = K::kB32, f32 = K::kF32, f64 = K::kF64;
+  std::vector<PlanCase> cases = {
+      // What kernels pass: pointers, shapes as int32, numel as int64, a float literal.
+      {R"({"launches": [{"kernel": "ln", "grid": ["x.shape[0]"], "block": [256],
+           "args": ["x", "ln.weight", "out", "x.shape[1]", "0.00001"]}]})",
+       {Kernel("ln", {b64, b64, b64, b32, f32})}},
+      OneLaunch({b64, f64, f32}, R"(["x.numel", "x.numel", "x.shape[-1]"])"),
+      // Scalars by name: ints into int and float parameters, floats into floats only.
+      OneLaunch({b32, f32, f32, f64}, R"(["n", "n", "alpha", "alpha"])"),
+      OneLaunch({b32}, R"(["alpha"])"),
+      // JSON numbers.
+      OneLaunch({b32, f32, f64, b64}, R"([3, 2.5, 3, -4])"),
+      OneLaunch({b32}, R"([2.5])"),
+      OneLaunch({f32, f64}, R"([1e-5, "1e-5"])"),
+      OneLaunch({b64}, R"(["1e-5"])"),
+      // C division and remainder, unary signs, min/max/cdiv, spaces.
+      OneLaunch({b64, b64, b64, b64, b64, b64},
+                R"(["(0 - 7) / 2", "(0-7) % 3", "-7 / -2", "7 % -3", "+3 - -2", " x.shape[ 1 ] * 2 "])"),
+      OneLaunch({b64, b64, b64, b64}, R"J(["min(x.shape[0], 3, n)", "max(1, x.shape[-1], n)", "cdiv(x.numel, 256)",
+                                          "cdiv(x.numel, 3) % 1000"])J"),
+      OneLaunch({b32, b32}, R"(["4294967295", "-2147483648"])"),
+      OneLaunch({b32}, R"(["4294967296"])"),
+      OneLaunch({b64}, R"(["x.numel * 4611686018427387904"])"),
+      OneLaunch({b64}, R"J(["n / (n - 7)"])J"),
+      OneLaunch({b64}, R"(["1.5 + 2"])"),
+      OneLaunch({b64}, R"(["y.numel"])"),
+      OneLaunch({b64}, R"(["x.shape[2]"])"),
+      OneLaunch({b64}, R"(["x + 1"])"),
+      OneLaunch({b32}, R"(["x"])"),
+      OneLaunch({b64}, R"J(["cdiv(n, 0)"])J"),
+      OneLaunch({b64}, R"(["alpha * 2"])"),
+      OneLaunch({b64, b64}, R"(["x"])"),
+      OneLaunch({b64}, R"([true])"),
+      // Scratch buffers: sizes from shapes; pointers only.
+      OneLaunch({b64}, R"(["partial"])", R"(, "scratch": [{"name": "partial", "bytes": "x.shape[0] * 8"}])"),
+      OneLaunch({b32}, R"(["partial"])", R"(, "scratch": [{"name": "partial", "bytes": 64}])"),
+      OneLaunch({b64}, R"(["partial"])", R"(, "scratch": [{"name": "partial", "bytes": "0"}])"),
+      OneLaunch({b64}, R"(["x"])", R"(, "scratch": [{"name": "x", "bytes": 8}])"),
+      // Grids, blocks, shared memory, clusters.
+      {R"({"launches": [{"kernel": "k", "grid": ["x.shape[0]", 2], "block": [32, "x.shape[0]"],
+           "shared_bytes": "x.shape[1] * 4", "cluster": [2, 1, 1], "args": []}]})",
+       {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": "x.shape[0] - 1", "block": 32, "cluster": [2], "args": []}]})",
+       {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": [0], "block": [32], "args": []}]})", {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": [1], "block": [2048], "args": []}]})", {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": [1], "block": [64, 32], "args": []}]})", {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32], "shared_bytes": "0 - 4", "args": []}]})",
+       {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "nope", "grid": [1], "block": [32], "args": []}]})", {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32]}], "tensor_maps": []})", {Kernel("k", {})}},
+      {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32], "stream": 1}]})", {Kernel("k", {})}},
+      {R"({"launches": []})", {Kernel("k", {})}},
+      {R"J({"launches": [{"kernel": "a", "grid": [1], "block": [32], "args": ["x"]},
+                        {"kernel": "b", "grid": ["cdiv(x.numel, 128)"], "block": [128], "args": ["out", "x.numel"]}]})J",
+       {Kernel("a", {b64}), Kernel("b", {b64, b64})}},
+  };
+
+  json input = json::array();
+  std::vector<std::optional<json>> want;
+  for (const auto& c : cases) {
+    auto plan = ResolvePlan(c.plan, sig, c.kernels, PlanLimits{});
+    want.push_back(plan.ok() ? std::optional<json>(ResolvedPlanToJson(*plan)) : std::nullopt);
+    input.push_back({{"plan", c.plan}, {"kernels", KernelParamKindsJson(c.kernels)}});
+  }
+  ASSERT_TRUE(WriteFile(Path("ks_launch_plan.py"), LaunchPlanPython()).ok());
+  ASSERT_TRUE(WriteFile(Path("cases.json"), input.dump()).ok());
+  ASSERT_TRUE(WriteFile(Path("signature.json"), SignatureToJson(sig).dump()).ok());
+  std::string out = Python(R"PY(
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import ks_launch_plan as lp
+cases = json.load(open(sys.argv[2]))
+env = lp.env_from_signature(json.load(open(sys.argv[3])))
+results = []
+for c in cases:
+    try:
+        results.append({"ok": lp.resolve_plan(json.loads(c["plan"]), c["kernels"], env)})
+    except lp.PlanError as e:
+        results.append({"error": str(e)})
+print(json.dumps(results))
+)PY",
+                           {dir_.string(), Path("cases.json"), Path("signature.json")});
+  json got = json::parse(out, nullptr, false);
+  ASSERT_TRUE(got.is_array()) << out;
+  ASSERT_EQ(got.size(), cases.size());
+  int accepted = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (want[i]) {
+      ++accepted;
+      ASSERT_TRUE(got[i].contains("ok")) << "case " << i << ": " << cases[i].plan << "\nPython: " << got[i].dump();
+      EXPECT_EQ(got[i]["ok"], *want[i]) << "case " << i << ": " << cases[i].plan;
+    } else {
+      EXPECT_TRUE(got[i].contains("error")) << "case " << i << ": the evaluator refuses " << cases[i].plan
+                                            << "\nbut Python resolved it to " << got[i].dump();
+    }
+  }
+  EXPECT_GE(accepted, 10);  // the table exercises both outcomes
+  EXPECT_LE(accepted, static_cast<int>(cases.size()) - 10);
+}
+
+// At call time expressions follow the call's tensors, not the signature.
+TEST_F(ExportTest, PythonPlanRulesFollowTheCallsShapes) {
+  ASSERT_TRUE(WriteFile(Path("ks_launch_plan.py"), LaunchPlanPython()).ok());
+  std::string out = Python(R"PY(
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import ks_launch_plan as lp
+env = lp.Env()
+for name, shape in (("x", (1000, 1024)), ("ln.weight", (1024,)), ("ln.bias", (1024,)), ("out", (1000, 1024))):
+    env.add_tensor(name, shape)
+r = lp.resolve_plan(json.loads(sys.argv[2]), {"row_stats": ["b64", "b64", "b32", "f32"],
+                    "normalize": ["b64", "b64", "b64", "b64", "b64", "b64", "b32"]}, env)
+print(json.dumps(r))
+)PY",
+                           {dir_.string(), testing::kLayerNormPlan});
+  json r = json::parse(out, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << out;
+  EXPECT_EQ(r["scratch"], json::parse(R"([{"name": "stats", "bytes": 8000}])"));
+  EXPECT_EQ(r["launches"][0]["grid"], json::parse("[1000, 1, 1]"));
+  EXPECT_EQ(r["launches"][0]["args"][2], json::parse(R"({"kind": "i32", "value": 1024})"));
+  EXPECT_EQ(r["launches"][0]["args"][3], json::parse(R"({"kind": "f32", "value": 1e-05})"));
+  EXPECT_EQ(r["launches"][1]["grid"], json::parse("[4000, 1, 1]"));
+  EXPECT_EQ(r["launches"][1]["args"][5], json::parse(R"({"kind": "i64", "value": 1024000})"));
+}
+
+// The real binary on a store filled through its API.
+class ExportCliTest : public ExportTest {
+ protected:
+  // A layernorm problem (tests/evaluator/gpu_fixtures/layernorm_small.py's
+  // signature) with one candidate; returns the candidate's id.
+  int64_t Fill(const std::string& source, const std::string& plan) {
+    auto store = store::LineageStore::Open(Path("ks.db"));
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    if (!store.ok()) return 0;
+    Signature sig;
+    sig.name = "layernorm_small";
+    sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {4096, 1024}, .strides = {1024, 1}});
+    sig.parameters.push_back({.name = "ln.weight", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+    sig.parameters.push_back({.name = "ln.bias", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+    sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {4096, 1024}, .strides = {1024, 1}});
+    store::ProblemRow p;
+    p.name = "layernorm_small";
+    p.file_path = "layernorm_small.py";
+    p.source = "import torch\n# layernorm_small\n";
+    p.signature_json = SignatureToJson(sig).dump();
+    auto problem = (*store)->PutProblem(p);
+    EXPECT_TRUE(problem.ok()) << problem.status().ToString();
+    auto search = (*store)->CreateSearch(*problem, SearchConfigToJson(SearchConfig{}).dump());
+    EXPECT_TRUE(search.ok());
+    store::CandidateRow c;
+    c.search_id = *search;
+    c.source = source;
+    c.plan_json = plan;
+    c.kind = store::CandidateKind::kSeed;
+    c.slot_key = "r0/seed/b0";
+    auto id = (*store)->PutCandidate(c);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    Evaluation e;
+    e.status = EvalStatus::kCorrect;
+    e.device = "NVIDIA H100 80GB HBM3";
+    e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20};
+    e.speedup_eager = 1.75;
+    EXPECT_TRUE((*store)->PutEvaluation(*id, e, std::nullopt).ok());
+    return *id;
+  }
+
+  SubprocessResult Export(int64_t id, const std::string& out) {
+    SubprocessOptions o;
+    o.argv = {KS_CLI_BINARY, "export", std::to_string(id), "--db", Path("ks.db"), "--out", out};
+    o.timeout_s = 180;
+    auto r = RunSubprocess(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : SubprocessResult{};
+  }
+};
+
+TEST_F(ExportCliTest, TheModuleEmbedsWhatTheEvaluatorSees) {
+  int64_t id = Fill(testing::kLayerNormSource, testing::kLayerNormPlan);
+  SubprocessResult r = Export(id, Path("out"));
+  ASSERT_TRUE(r.Succeeded()) << r.Describe() << "\n" << r.err;
+  for (const char* f : {"kernel.cu", "plan.json", "problem.py", "ks_launch_plan.py", "kernel_module.py"})
+    EXPECT_TRUE(std::filesystem::exists(Path("out/") + f)) << f;
+  EXPECT_EQ(*ReadFile(Path("out/kernel.cu")), testing::kLayerNormSource);
+  // The constants, read without importing (no torch here).
+  std::string out = Python(R"PY(
+import ast, json, sys
+tree = ast.parse(open(sys.argv[1]).read())
+consts = {}
+for node in tree.body:
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        v = node.value
+        if isinstance(v, ast.Call) and getattr(v.func, "attr", "") == "loads":
+            consts[node.targets[0].id] = json.loads(ast.literal_eval(v.args[0]))
+        elif isinstance(v, ast.Constant):
+            consts[node.targets[0].id] = v.value
+print(json.dumps(consts))
+)PY",
+                           {Path("out/kernel_module.py")});
+  json m = json::parse(out, nullptr, false);
+  ASSERT_TRUE(m.is_object()) << out;
+  EXPECT_EQ(m["SOURCE"], testing::kLayerNormSource);
+  EXPECT_EQ(m["PRELUDE"], EvaluatorNvrtcPrelude());
+  EXPECT_EQ(m["PRELUDE_NAME"], "ks_prelude.h");
+  EXPECT_EQ(m["NVRTC_OPTIONS"], json(EvaluatorNvrtcOptions()));
+  // Parameter kinds from the PTX: int -> b32, float -> f32, long long and pointers -> b64.
+  EXPECT_EQ(m["KERNELS"], json::parse(R"({"row_stats": ["b64", "b64", "b32", "f32"],
+                                          "normalize": ["b64", "b64", "b64", "b64", "b64", "b64", "b32"]})"));
+  EXPECT_EQ(m["RESOLVED"], json::parse(R"({"launches": [
+    {"kernel": "row_stats", "grid": [4096, 1, 1], "block": [256, 1, 1], "shared": 0, "cluster": null,
+     "args": [{"kind": "tensor", "name": "x"}, {"kind": "scratch", "name": "stats"}, {"kind": "i32", "value": 1024},
+              {"kind": "f32", "value": 1e-05}]},
+    {"kernel": "normalize", "grid": [16384, 1, 1], "block": [256, 1, 1], "shared": 0, "cluster": null,
+     "args": [{"kind": "tensor", "name": "x"}, {"kind": "scratch", "name": "stats"},
+              {"kind": "tensor", "name": "ln.weight"}, {"kind": "tensor", "name": "ln.bias"},
+              {"kind": "tensor", "name": "out"}, {"kind": "i64", "value": 4194304}, {"kind": "i32", "value": 1024}]}],
+    "scratch": [{"name": "stats", "bytes": 32768}]})"));
+  EXPECT_EQ(m["SIGNATURE"]["parameters"][0]["name"], "ln.weight");
+  EXPECT_TRUE(std::filesystem::exists(m.value("EXPORT_CUDA_HOME", "") + "/include/cuda_fp16.h"));
+  std::string module = *ReadFile(Path("out/kernel_module.py"));
+  EXPECT_NE(module.find("correct, 1.75x over PyTorch eager on NVIDIA H100 80GB HBM3"), std::string::npos);
+  EXPECT_NE(module.find("class ModelNew(_problem.Model):"), std::string::npos);
+}
+
+TEST_F(ExportCliTest, AKernelThatDoesNotCompileOrResolveIsNotExported) {
+  int64_t broken = Fill("extern \"C\" __global__ void k(float* out) { out[0] = undefined_name; }",
+                        R"({"launches": [{"kernel": "k", "grid": [1], "block": [1], "args": ["out"]}]})");
+  SubprocessResult r = Export(broken, Path("broken"));
+  EXPECT_FALSE(r.Succeeded());
+  EXPECT_NE(r.err.find("does not compile"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(Path("broken/kernel_module.py")));
+
+  int64_t bad_plan = Fill(testing::kLayerNormSource,
+                          R"({"launches": [{"kernel": "row_stats", "grid": [1], "block": [1], "args": ["x"]}]})");
+  r = Export(bad_plan, Path("bad_plan"));
+  EXPECT_FALSE(r.Succeeded());
+  EXPECT_NE(r.err.find("4 parameters"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ks
