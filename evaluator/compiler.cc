@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <filesystem>
 #include <regex>
@@ -11,6 +12,7 @@
 
 #include "common/base64.h"
 #include "common/subprocess.h"
+#include "evaluator/worker_protocol.h"
 #include "evaluator/sandbox.h"
 
 namespace ks {
@@ -232,6 +234,34 @@ StatusOr<std::string> FindWorker(const std::string& explicit_path) {
   return FailedPrecondition("ks-worker executable not found next to " + dir + " (set KS_WORKER)");
 }
 
+CompileServerPool& CompileServerPool::Get() {
+  static CompileServerPool* pool = new CompileServerPool();  // lives for the process
+  return *pool;
+}
+
+StatusOr<ChildProcess> CompileServerPool::Acquire(const std::string& worker) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!idle_.empty()) {
+      Entry e = std::move(idle_.back());
+      idle_.pop_back();
+      if (e.worker == worker && !e.process.TryReap()) return std::move(e.process);
+    }
+  }
+  SandboxLimits limits;
+  limits.address_space_bytes = int64_t{16} << 30;  // a runaway template instantiation ends here
+  limits.drop_privileges = false;  // reads only world-readable headers
+  // Not tied to the forking thread's life (compile threads come and go); the
+  // server exits when its stdin closes, which also happens when we die.
+  limits.die_with_parent = false;
+  return ChildProcess::Start({worker, "compile-server"}, {}, "", [limits] { return ApplySandbox(limits); });
+}
+
+void CompileServerPool::Release(const std::string& worker, ChildProcess process) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (idle_.size() < kMaxIdle && process.running()) idle_.push_back({worker, std::move(process)});
+}
+
 StatusOr<CompileResult> CompileCandidate(const std::string& source, const CompileOptions& opts) {
   CompileResult res;
   if (source.size() > opts.max_source_bytes) {
@@ -248,28 +278,25 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
   static const std::regex kArch(R"(^sm_\d{2,3}a?$)");
   if (!std::regex_match(opts.arch, kArch)) return InvalidArgument("bad --arch '" + opts.arch + "' (expected e.g. sm_90)");
   KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts.worker_path));
-  SubprocessOptions so;
-  so.argv = {worker, "compile"};
-  so.stdin_data = nlohmann::json{{"source", source}, {"arch", opts.arch}, {"cuda_home", home}}.dump();
-  so.timeout_s = opts.timeout_s;
-  so.max_output_bytes = 256u << 20;
-  SandboxLimits limits;
-  limits.address_space_bytes = int64_t{16} << 30;  // a runaway template instantiation ends here
-  limits.drop_privileges = false;  // reads only world-readable headers; keeps caches writable
-  so.in_child = [limits] { return ApplySandbox(limits); };
-  KS_ASSIGN_OR_RETURN(SubprocessResult r, RunSubprocess(so));
-  res.seconds = r.wall_s;
-  if (r.timed_out) {
-    res.message = "compile timed out after " + std::to_string(static_cast<int>(opts.timeout_s)) + " s";
+  nlohmann::json request{{"source", source}, {"arch", opts.arch}, {"cuda_home", home}};
+  auto t0 = std::chrono::steady_clock::now();
+  KS_ASSIGN_OR_RETURN(ChildProcess server, CompileServerPool::Get().Acquire(worker));
+  Status sent = SendMessage(server.stdin_fd(), request);
+  StatusOr<nlohmann::json> reply = sent.ok() ? ReceiveMessage(server.stdout_fd(), opts.timeout_s) : StatusOr<nlohmann::json>(sent);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!reply.ok()) {
+    // A compiler that overran its limit or died takes its process with it.
+    std::string how = server.Kill();
+    if (reply.status().code() == Code::kDeadlineExceeded) {
+      res.message = "compile timed out after " + std::to_string(static_cast<int>(opts.timeout_s)) + " s";
+    } else {
+      res.message = "the compiler process failed (" + how + ")";
+    }
     return res;
   }
-  if (!r.Succeeded()) {
-    res.message = "the compiler process failed (" + r.Describe() + ")";
-    res.log = r.err.substr(0, 4096);
-    return res;
-  }
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Internal("ks-worker compile returned unreadable output");
+  CompileServerPool::Get().Release(worker, std::move(server));
+  const nlohmann::json& j = *reply;
+  if (!j.is_object()) return Internal("ks-worker compile-server returned unreadable output");
   res.log = j.value("log", "");
   if (!j.value("ok", false)) {
     res.message = j.value("message", "compile error");

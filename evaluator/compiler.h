@@ -7,10 +7,12 @@
 // Thread-safe: each call starts its own child, so compiles run in parallel.
 #pragma once
 
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/subprocess.h"
 #include "evaluator/kernel_info.h"
 
 namespace ks {
@@ -37,6 +39,26 @@ struct CompileResult {
 // Fails (Status) only when the compiler itself cannot run (no ks-worker, no
 // CUDA headers). A candidate that does not compile is a CompileResult with ok=false.
 StatusOr<CompileResult> CompileCandidate(const std::string& source, const CompileOptions& opts);
+
+// Long-lived `ks-worker compile-server` processes, so each compile pays for
+// NVRTC's work and not for loading it (process start + libnvrtc: ~300 ms). A
+// process is lent to one compile at a time; one that overran its time limit or
+// died is killed, not returned. Thread-safe; lives for the whole process.
+class CompileServerPool {
+ public:
+  static CompileServerPool& Get();
+  StatusOr<ChildProcess> Acquire(const std::string& worker);
+  void Release(const std::string& worker, ChildProcess process);
+
+ private:
+  struct Entry {
+    std::string worker;
+    ChildProcess process;
+  };
+  static constexpr size_t kMaxIdle = 16;
+  std::mutex mu_;
+  std::vector<Entry> idle_;
+};
 
 // Pieces, exposed for tests and for the worker.
 

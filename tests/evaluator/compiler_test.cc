@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 namespace ks {
 namespace {
 
@@ -145,6 +148,28 @@ extern "C" __global__ void k(float* x) { x[1] = U<40>::f(x, x[0]); }
   EXPECT_FALSE(r->ok);
   EXPECT_THAT(r->message, HasSubstr("timed out"));
   EXPECT_LE(r->seconds, 10.0);
+  // The stuck compiler was killed, not returned to the pool: the next compile works.
+  auto next = CompileCandidate("extern \"C\" __global__ void k(float* x) { x[0] = 1.f; }", Opts());
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(next->ok) << next->message;
+}
+
+TEST(CompilerTest, CompilesInParallelThroughThePool) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 3; ++i) {
+        auto r = CompileCandidate("extern \"C\" __global__ void k" + std::to_string(t) + "_" + std::to_string(i) +
+                                      "(float* x) { x[threadIdx.x] = " + std::to_string(i) + ".f; }",
+                                  Opts());
+        if (r.ok() && r->ok && r->kernels.size() == 1 &&
+            r->kernels[0].name == "k" + std::to_string(t) + "_" + std::to_string(i))
+          ++ok;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 12);
 }
 
 TEST(PtxParseTest, StructParametersAndNoParameters) {
