@@ -464,7 +464,6 @@ import glob
 import importlib.util
 import json
 import os
-import struct
 import threading
 
 import torch
@@ -568,8 +567,12 @@ def _nvrtc(home):
     return _nvrtc_lib
 
 
+class _LaunchAttributeValue(ctypes.Union):  # CUlaunchAttributeValue: 64 bytes
+    _fields_ = [("pad", ctypes.c_ubyte * 64), ("clusterDim", ctypes.c_uint * 3)]
+
+
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_ubyte * 4), ("value", _LaunchAttributeValue)]
 
 
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
@@ -709,7 +712,8 @@ def _launch(entry, launch, pointers, stream):
             raise RuntimeError("this CUDA driver has no cuLaunchKernelEx (needed for thread-block clusters)")
         attr = _LaunchAttribute()
         attr.id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value = struct.pack("III", *launch["cluster"]).ljust(64, b"\0")
+        for d in range(3):
+            attr.value.clusterDim[d] = launch["cluster"][d]
         cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], shared, ctypes.c_void_p(stream),
                             ctypes.pointer(attr), 1)
         _check(cu.cuLaunchKernelEx(ctypes.byref(cfg), fn, params, None), "cuLaunchKernelEx " + launch["kernel"])
