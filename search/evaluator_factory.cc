@@ -1,5 +1,8 @@
 #include "search/evaluator_factory.h"
 
+#include "evaluator/cuda_driver.h"
+#include "evaluator/gpu_evaluator.h"
+#include "evaluator/problem.h"
 #include "search/scripted_evaluator.h"
 
 namespace ks {
@@ -15,10 +18,6 @@ GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gb
   return g;
 }
 
-// The GPU side is filled in when evaluator/gpu_evaluator.h lands (the lead's):
-// it sets made.evaluator to the GpuEvaluator and made.gpu to
-// GpuFactsFromDevice(its device_info(), its measured_bandwidth_gbps()). Until
-// then a search that needs the GPU fails here, before any model call.
 StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, const EvaluatorOptions& options) {
   const std::string& spec = options.spec;
   SearchEvaluator made;
@@ -32,9 +31,24 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
     return made;
   }
-  if (spec.empty() || spec == "gpu")
-    return FailedPrecondition("no GPU evaluator is available in this build (needed to evaluate " + problem_file +
-                              "); use --generate-only here and `kernelsearch evaluate-pending` on a GPU node");
+  if (spec.empty() || spec == "gpu") {
+    // Checked before the reference is computed, so a CPU-only node says so at once.
+    std::string why;
+    if (!GpuAvailable(&why))
+      return FailedPrecondition("evaluating " + problem_file + " needs a GPU (" + why +
+                                "); use --generate-only here and `kernelsearch evaluate-pending` on a GPU node");
+    ReferenceOptions ro;
+    ro.bridge.python = options.python;
+    ro.device = "cuda";
+    ro.time = true;
+    KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem_file, ro));
+    GpuEvaluatorOptions go;
+    go.device = options.device;
+    KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, GpuEvaluator::Create(ref, go));
+    made.gpu = GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps());
+    made.evaluator = std::move(ev);
+    return made;
+  }
   return InvalidArgument("unknown evaluator '" + spec + "' (gpu, fake, fake:FILE)");
 }
 

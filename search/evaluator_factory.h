@@ -1,6 +1,6 @@
 // Choosing the evaluator a search runs its candidates through.
-//   ""  or "gpu"          the GPU evaluator (evaluator/gpu_evaluator.h), on the
-//                          problem file; FailedPrecondition while none is built in
+//   ""  or "gpu"          the GPU evaluator (evaluator/gpu_evaluator.h) on the
+//                          problem's cached reference; FailedPrecondition without a GPU
 //   "fake" / "fake:FILE"   ScriptedEvaluator (scripted_evaluator.h), for tests
 //
 // Besides the evaluator, a search wants to know what the prompts should say
