@@ -17,41 +17,13 @@
 #include "evaluator/problem.h"
 #include "search/search_config.h"
 #include "search/store/lineage_store.h"
+#include "tests/search/export_check.h"
 #include "tests/search/export_kernels.h"
 
 namespace ks {
 namespace {
 
-// Loads the exported module, builds the reference Model and ModelNew from the
-// same seed with the same weights, and compares them at each shape.
-constexpr const char* kCheck = R"PY(
-import json, sys
-import torch
-sys.path.insert(0, sys.argv[1])
-import kernel_module
-problem = kernel_module._problem
-shapes = json.loads(sys.argv[2])
-atol, rtol = float(sys.argv[3]), float(sys.argv[4])
-torch.manual_seed(0)
-ref = problem.Model(*problem.get_init_inputs()).cuda().eval()
-torch.manual_seed(0)
-new = kernel_module.ModelNew(*problem.get_init_inputs()).cuda().eval()
-assert isinstance(new, problem.Model)
-new.load_state_dict(ref.state_dict())  # same keys: a drop-in
-ok = True
-for shape in shapes:
-    for trial in range(2):  # the second call runs the already-loaded module
-        x = torch.randn(*shape, device="cuda")
-        with torch.no_grad():
-            want = ref(x)
-        got = new(x)
-        torch.cuda.synchronize()
-        same = got.shape == want.shape and got.dtype == want.dtype and torch.allclose(got, want, atol=atol, rtol=rtol)
-        err = (got.float() - want.float()).abs().max().item() if got.shape == want.shape else float("inf")
-        print(json.dumps({"shape": shape, "trial": trial, "match": bool(same), "max_abs": err}))
-        ok = ok and same
-print("EXPORT_MATCHES" if ok else "EXPORT_DIFFERS")
-)PY";
+
 
 class ExportGpuTest : public ::testing::Test {
  protected:
@@ -105,7 +77,7 @@ class ExportGpuTest : public ::testing::Test {
     return id.ok() ? *id : 0;
   }
 
-  // Exports candidate `id` with the real binary and runs kCheck on it.
+  // Exports candidate `id` with the real binary and runs kExportCheckPy on it.
   void ExportAndCompare(int64_t id, const std::string& shapes, double atol, double rtol) {
     ASSERT_GT(id, 0);
     const std::string out = Path("export_" + std::to_string(id));
@@ -119,7 +91,7 @@ class ExportGpuTest : public ::testing::Test {
     auto python = ResolvePython();
     ASSERT_TRUE(python.ok()) << python.status().ToString();
     ASSERT_TRUE(python->cuda) << python->python << " has torch " << python->torch_version << " without CUDA";
-    ASSERT_TRUE(WriteFile(Path("check.py"), kCheck).ok());
+    ASSERT_TRUE(WriteFile(Path("check.py"), testing::kExportCheckPy).ok());
     SubprocessOptions run;
     run.argv = {python->python, Path("check.py"), out, shapes, std::to_string(atol), std::to_string(rtol)};
     run.timeout_s = 300;
