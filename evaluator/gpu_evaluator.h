@@ -76,7 +76,8 @@ class GpuEvaluator : public CandidateEvaluator {
   struct RunResult {
     EvalStatus status = EvalStatus::kCorrect;
     std::string message;
-    double ms = 0;
+    double ms = 0;         // start to the end event on the stream
+    double ms_device = 0;  // start to an event after a device-wide sync
     std::vector<OutputError> errors;
   };
 

@@ -8,13 +8,15 @@ compare a candidate with PyTorch stop meaning anything.
   * An L2 flush buffer of max(2 * L2 bytes, 64 MiB) int8 is zeroed before every
     measured call, so no call finds its inputs in L2 from the call before.
   * Each call: flush.zero_(); start.record(); fn(); end.record();
-    torch.cuda.synchronize(); after.record(); after.synchronize().
-    elapsed = start.elapsed_time(end), unless work outlived the stream: when
-    start.elapsed_time(after) exceeds it by more than SYNC_SLACK_MS + 10%, that
-    longer figure is taken. The device-wide sync makes work launched on other
-    streams count; taking `end` before it keeps the host's wake-up latency
-    (tens of microseconds) out of every figure, which is what put a sync before
-    a single end event 4-9% above triton.testing.do_bench (H100, 2026-11-22).
+    torch.cuda.synchronize(); after.record(); after.synchronize(). Two
+    figures: on the stream (start to end) and device-wide (start to after).
+  * The result is the on-stream series, unless work outlived the stream: when
+    the device-wide median exceeds the on-stream median by more than
+    SYNC_SLACK_MS + 10%, the device-wide series is taken. The device-wide sync
+    makes work launched on other streams count; judging on medians keeps the
+    host's wake-up latency (tens of microseconds, with occasional spikes) out
+    of the figure, which is what put a sync before a single end event 4-9%
+    above triton.testing.do_bench (H100, 2026-11-22).
   * Warm-up: at least 3 calls and at least 25 ms of measured call time
     (capped at WARMUP_MAX_CALLS calls, so that a near-empty callable cannot
     spin for minutes). The first call may include torch.compile's compilation
@@ -67,6 +69,12 @@ def stats(times_ms):
     }
 
 
+def choose_series(on_stream, device_wide):
+    """The on-stream times, unless work consistently outlived the stream."""
+    a, b = statistics.median(on_stream), statistics.median(device_wide)
+    return device_wide if b - a > SYNC_SLACK_MS + 0.1 * a else on_stream
+
+
 class Timer:
     """Owns the flush buffer and the two events; reuse it across callables."""
 
@@ -85,11 +93,7 @@ class Timer:
         torch.cuda.synchronize()
         self.after.record()
         self.after.synchronize()
-        on_stream = self.start.elapsed_time(self.end)
-        device_wide = self.start.elapsed_time(self.after)
-        if device_wide - on_stream > SYNC_SLACK_MS + 0.1 * on_stream:
-            return device_wide
-        return on_stream
+        return self.start.elapsed_time(self.end), self.start.elapsed_time(self.after)
 
     def measure(self, fn, arg_sets):
         """Times fn(*args) rotating over arg_sets (a non-empty list of lists)."""
@@ -98,12 +102,12 @@ class Timer:
         warm = []
         total = 0.0
         while len(warm) < WARMUP_MIN_CALLS or (total < WARMUP_MIN_MS and len(warm) < WARMUP_MAX_CALLS):
-            t = self.call_ms(fn, arg_sets[len(warm) % len(arg_sets)])
+            t, _ = self.call_ms(fn, arg_sets[len(warm) % len(arg_sets)])
             warm.append(t)
             total += t
         n = run_count(statistics.median(warm))
-        times = [self.call_ms(fn, arg_sets[i % len(arg_sets)]) for i in range(n)]
-        return stats(times)
+        pairs = [self.call_ms(fn, arg_sets[i % len(arg_sets)]) for i in range(n)]
+        return stats(choose_series([p[0] for p in pairs], [p[1] for p in pairs]))
 
 
 def time_model(model, arg_sets, device=None, compile_model=True):
