@@ -44,6 +44,7 @@ struct SearchFlags {
   std::string db;
   int64_t resume = 0;
   bool generate_only = false;
+  bool allow_degenerate = false;
   bool quiet = false;
   bool json = false;
   std::string evaluator;
@@ -201,6 +202,22 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
     if (Status st = config.Validate(); !st.ok()) return ReportError(st);
   }
 
+  // A degenerate reference (outputs all zero, constant, independent of the
+  // input, or NaN) cannot tell a right kernel from a wrong one: refuse it
+  // unless the user says otherwise. Without torch here (--signature), the GPU
+  // node's evaluator still warns when it prepares the reference.
+  if (!f.resume && f.signature_file.empty() && !f.allow_degenerate) {
+    auto warnings = CheckProblem(problem_file);
+    if (!warnings.ok()) return ReportError(warnings.status());
+    if (!warnings->empty()) {
+      std::string why;
+      for (const auto& w : *warnings) why += "\n  - " + w;
+      return ReportError(InvalidArgument(problem_file + " has a degenerate reference; its outputs cannot tell a "
+                                            "correct kernel from a wrong one:" + why +
+                                            "\n(pass --allow-degenerate to search anyway)"));
+    }
+  }
+
   // The evaluator first: a search that cannot evaluate must fail before it
   // spends anything on the model.
   std::unique_ptr<CandidateEvaluator> evaluator;
@@ -334,6 +351,8 @@ void RegisterSearchCommands(CLI::App& app) {
   sub->add_option("--resume", f->resume, "continue search ID from the store");
   sub->add_flag("--generate-only", f->generate_only,
                 "run the model side of the next step, leave candidates pending (for GPU nodes without internet)");
+  sub->add_flag("--allow-degenerate", f->allow_degenerate,
+                "search even when the problem's reference outputs are degenerate (see `kernelsearch problem check`)");
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");

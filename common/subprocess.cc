@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "common/files.h"
 
@@ -19,6 +20,13 @@ namespace ks {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A child that exits before reading its stdin must give us EPIPE, not a
+// SIGPIPE that ends this whole process.
+void IgnoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] { signal(SIGPIPE, SIG_IGN); });
+}
 
 std::string DescribeWait(int status) {
   if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
@@ -71,6 +79,7 @@ StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::vector<st
   if (pid < 0) return PosixError("fork", errno);
   if (pid == 0) {
     setpgid(0, 0);
+    signal(SIGPIPE, SIG_DFL);  // ours is ignored; an ignored signal would survive exec
     if (child_in >= 0) dup2(child_in, 0);
     if (child_out >= 0) dup2(child_out, 1);
     if (child_err >= 0) dup2(child_err, 2);
@@ -126,6 +135,7 @@ std::optional<std::string> FindOnPath(const std::string& program) {
 }
 
 StatusOr<SubprocessResult> RunSubprocess(const SubprocessOptions& opts) {
+  IgnoreSigpipe();
   KS_ASSIGN_OR_RETURN(Pipe in, MakePipe());
   KS_ASSIGN_OR_RETURN(Pipe out, MakePipe());
   KS_ASSIGN_OR_RETURN(Pipe err, MakePipe());
@@ -211,6 +221,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
 StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>& argv,
                                            const std::map<std::string, std::string>& env,
                                            const std::string& stderr_path, std::function<int()> in_child) {
+  IgnoreSigpipe();
   KS_ASSIGN_OR_RETURN(Pipe in, MakePipe());
   KS_ASSIGN_OR_RETURN(Pipe out, MakePipe());
   UniqueFd err_fd;
@@ -251,6 +262,7 @@ std::optional<std::string> ChildProcess::TryReap() {
 }
 
 Status WriteAll(int fd, const void* data, size_t n) {
+  IgnoreSigpipe();
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t w = write(fd, p, n);

@@ -41,6 +41,11 @@ int ApplySandbox(const SandboxLimits& l) {
     if (setgroups(1, &kNobodyGid) != 0) return -errno;
     if (setgid(kNobodyGid) != 0) return -errno;
     if (setuid(kNobodyUid) != 0) return -errno;
+    // Processes and threads, counted per user: as nobody that is just this
+    // child (CUDA starts a handful of threads). Not applied to our own user,
+    // whose other processes would count against it.
+    if (l.max_processes > 0)
+      if (int rc = Limit(RLIMIT_NPROC, l.max_processes)) return rc;
   }
   // No new privileges from set-uid binaries the child might exec.
   prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);

@@ -14,6 +14,7 @@ struct SandboxLimits {
   int64_t cpu_seconds = 0;             // RLIMIT_CPU; 0 = unlimited
   bool new_network_namespace = true;   // unshare(CLONE_NEWNET) when permitted: no network
   bool drop_privileges = true;         // when root: setgid/setuid to nobody (65534)
+  int64_t max_processes = 256;         // RLIMIT_NPROC, applied once running as nobody
   bool die_with_parent = true;         // PR_SET_PDEATHSIG(SIGKILL)
   bool keep_dumpable = false;          // false: PR_SET_DUMPABLE 0 (no core, no ptrace by others)
 };

@@ -1,6 +1,7 @@
 // Tests of the reference bridge through its C++ API (evaluator/problem.h) and
 // through the real `kernelsearch problem` binary. They run the bridge with a
 // real python3 + torch (CPU is enough); without one they skip, saying why.
+#include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 
 #include <gmock/gmock.h>
@@ -458,6 +459,25 @@ TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
   EXPECT_THAT(bad.out, HasSubstr("all zeros"));
   SubprocessResult good = RunCli({"problem", "check", Fixture("matmul.py"), "--device", "cpu"});
   EXPECT_EQ(good.exit_code, 0) << good.err << good.out;
+}
+
+TEST(CliTest, ASearchOnADegenerateProblemNeedsAllowDegenerate) {
+  REQUIRE_TORCH();
+  std::string db = ::testing::TempDir() + "/ks_degenerate_" + std::to_string(getpid()) + ".db";
+  SubprocessResult refused = RunCli({"search", Fixture("all_zeros.py"), "--model", "command:cat", "--db", db});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("all_zeros.py has a degenerate reference"));
+  EXPECT_THAT(refused.err, HasSubstr("all zeros"));
+  EXPECT_THAT(refused.err, HasSubstr("--allow-degenerate"));
+  // With the flag it goes past the check; here it then stops at the evaluator
+  // (no GPU on this machine) or, with one, runs.
+  SubprocessResult allowed = RunCli({"search", Fixture("all_zeros.py"), "--model", "command:cat", "--db", db,
+                                     "--allow-degenerate", "--rounds", "0", "--branches", "1", "--quiet"});
+  EXPECT_THAT(allowed.err, ::testing::Not(HasSubstr("degenerate reference"))) << allowed.err;
+  if (!GpuAvailable()) {
+    EXPECT_EQ(allowed.exit_code, 3) << allowed.err;
+    EXPECT_THAT(allowed.err, HasSubstr("needs a GPU"));
+  }
 }
 
 TEST(CliTest, HelpListsTheOptions) {
