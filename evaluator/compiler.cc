@@ -70,6 +70,42 @@ int ParamSizeOf(const std::string& type) {
 
 }  // namespace
 
+// Names models reach for that NVRTC does not predefine (no <cmath>/<cfloat>).
+constexpr const char* kPrelude = R"(#pragma once
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+#ifndef FLT_MAX
+#define FLT_MAX 3.402823466e+38F
+#endif
+#ifndef FLT_MIN
+#define FLT_MIN 1.175494351e-38F
+#endif
+#ifndef FLT_EPSILON
+#define FLT_EPSILON 1.192092896e-07F
+#endif
+#ifndef DBL_MAX
+#define DBL_MAX 1.7976931348623158e+308
+#endif
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+#ifndef M_SQRT1_2
+#define M_SQRT1_2 0.70710678118654752440
+#endif
+)";
+
+const char* NvrtcPrelude() { return kPrelude; }
+
+const std::vector<std::string>& NvrtcBaseOptions() {
+  static const std::vector<std::string> kOptions = {"--std=c++17", std::string("--pre-include=") + kNvrtcPreludeName,
+                                                    "--ptxas-options=-v", "-default-device", "-lineinfo"};
+  return kOptions;
+}
+
 Status CheckIncludes(const std::string& source, const std::vector<std::string>& include_dirs) {
   std::istringstream in(StripBlockComments(JoinContinuations(source)));
   std::string line;

@@ -77,6 +77,14 @@ std::vector<std::string> CudaIncludeDirs(const std::string& cuda_home);
 // Path of the ks-worker executable.
 StatusOr<std::string> FindWorker(const std::string& explicit_path);
 
+// What every candidate is compiled with, besides -arch=<arch> and -I for each
+// CudaIncludeDirs(): the header NVRTC pre-includes (named kNvrtcPreludeName:
+// INFINITY, FLT_MAX and the like, which NVRTC does not predefine) and the
+// options. `export` builds its module with the same two.
+constexpr const char* kNvrtcPreludeName = "ks_prelude.h";
+const char* NvrtcPrelude();
+const std::vector<std::string>& NvrtcBaseOptions();
+
 // Runs NVRTC in this process (used inside ks-worker). Links libnvrtc.
 CompileResult CompileWithNvrtc(const std::string& source, const std::string& arch, const std::string& cuda_home);
 

@@ -19,33 +19,7 @@ struct ProgramDeleter {
 };
 using ProgramPtr = std::unique_ptr<nvrtcProgram, ProgramDeleter>;
 
-// Names models reach for that NVRTC does not predefine (no <cmath>/<cfloat>).
-constexpr const char* kPrelude = R"(#pragma once
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-#ifndef NAN
-#define NAN __int_as_float(0x7fffffff)
-#endif
-#ifndef FLT_MAX
-#define FLT_MAX 3.402823466e+38F
-#endif
-#ifndef FLT_MIN
-#define FLT_MIN 1.175494351e-38F
-#endif
-#ifndef FLT_EPSILON
-#define FLT_EPSILON 1.192092896e-07F
-#endif
-#ifndef DBL_MAX
-#define DBL_MAX 1.7976931348623158e+308
-#endif
-#ifndef M_PI
-#define M_PI 3.14159265358979323846
-#endif
-#ifndef M_SQRT1_2
-#define M_SQRT1_2 0.70710678118654752440
-#endif
-)";
+
 
 std::string Log(nvrtcProgram p) {
   size_t n = 0;
@@ -64,15 +38,15 @@ CompileResult CompileWithNvrtc(const std::string& source, const std::string& arc
   auto t0 = std::chrono::steady_clock::now();
   CompileResult res;
   ProgramPtr prog(new nvrtcProgram(nullptr));
-  const char* header_names[] = {"ks_prelude.h"};
-  const char* header_sources[] = {kPrelude};
+  const char* header_names[] = {kNvrtcPreludeName};
+  const char* header_sources[] = {NvrtcPrelude()};
   nvrtcResult rc = nvrtcCreateProgram(prog.get(), source.c_str(), "candidate.cu", 1, header_sources, header_names);
   if (rc != NVRTC_SUCCESS) {
     res.message = std::string("nvrtcCreateProgram: ") + nvrtcGetErrorString(rc);
     return res;
   }
-  std::vector<std::string> opts = {"-arch=" + arch, "--std=c++17", "--pre-include=ks_prelude.h",
-                                   "--ptxas-options=-v", "-default-device", "-lineinfo"};
+  std::vector<std::string> opts = {"-arch=" + arch};
+  opts.insert(opts.end(), NvrtcBaseOptions().begin(), NvrtcBaseOptions().end());
   for (const auto& d : CudaIncludeDirs(cuda_home)) opts.push_back("-I" + d);
   std::vector<const char*> copts;
   for (const auto& o : opts) copts.push_back(o.c_str());

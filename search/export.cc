@@ -817,35 +817,6 @@ class ModelNew(_problem.Model):
         return [list(o.shape) for o in outs]
 )PY";
 
-// The header evaluator/nvrtc_compile.cc pre-includes (export_test checks that
-// the two stay equal, by reading that file).
-constexpr const char* kPrelude = R"(#pragma once
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-#ifndef NAN
-#define NAN __int_as_float(0x7fffffff)
-#endif
-#ifndef FLT_MAX
-#define FLT_MAX 3.402823466e+38F
-#endif
-#ifndef FLT_MIN
-#define FLT_MIN 1.175494351e-38F
-#endif
-#ifndef FLT_EPSILON
-#define FLT_EPSILON 1.192092896e-07F
-#endif
-#ifndef DBL_MAX
-#define DBL_MAX 1.7976931348623158e+308
-#endif
-#ifndef M_PI
-#define M_PI 3.14159265358979323846
-#endif
-#ifndef M_SQRT1_2
-#define M_SQRT1_2 0.70710678118654752440
-#endif
-)";
-
 // A Python string literal (JSON strings are Python literals); bytes that are not
 // UTF-8 become U+FFFD rather than an exception.
 std::string PyString(const std::string& s) {
@@ -892,13 +863,9 @@ std::string Describe(const store::CandidateRow& c) {
 
 }  // namespace
 
-const std::vector<std::string>& EvaluatorNvrtcOptions() {
-  static const std::vector<std::string> kOptions = {"--std=c++17", "--pre-include=ks_prelude.h", "--ptxas-options=-v",
-                                                    "-default-device", "-lineinfo"};
-  return kOptions;
-}
+const std::vector<std::string>& EvaluatorNvrtcOptions() { return NvrtcBaseOptions(); }
 
-const char* EvaluatorNvrtcPrelude() { return kPrelude; }
+const char* EvaluatorNvrtcPrelude() { return NvrtcPrelude(); }
 
 const char* LaunchPlanPython() { return kLaunchPlanPy; }
 
@@ -988,7 +955,7 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
                                        {"KERNELS", PyString(KernelParamKindsJson(compiled.kernels).dump())},
                                        {"RESOLVED", PyString(ResolvedPlanToJson(*plan).dump())},
                                        {"NVRTC_OPTIONS", PyString(nlohmann::json(opts).dump())},
-                                       {"PRELUDE", PyString(kPrelude)},
+                                       {"PRELUDE", PyString(NvrtcPrelude())},
                                        {"CUDA_HOME", PyString(cuda_home)}}));
   return std::vector<ExportedFile>{{"kernel.cu", c.source},
                                    {"plan.json", c.plan_json},
