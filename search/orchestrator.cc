@@ -455,7 +455,7 @@ class Orchestrator::SearchRun {
       } else if (n > 0) {
         outcome = "no correct implementation (" + failure + ")";
       } else {
-        outcome = "not implemented";
+        outcome = "no implementation yet";
       }
       tried.push_back({idea.round, TriedIdea{idea.text, outcome}});
     }
