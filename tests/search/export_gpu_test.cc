@@ -17,6 +17,7 @@
 #include "evaluator/problem.h"
 #include "search/search_config.h"
 #include "search/store/lineage_store.h"
+#include "tests/search/store_fill.h"
 #include "tests/search/export_check.h"
 #include "tests/search/export_kernels.h"
 
@@ -56,25 +57,7 @@ class ExportGpuTest : public ::testing::Test {
     p.file_path = file;
     p.source = *text;
     p.signature_json = SignatureToJson(*sig).dump();
-    auto problem = (*store)->PutProblem(p);
-    EXPECT_TRUE(problem.ok()) << problem.status().ToString();
-    auto search = (*store)->CreateSearch(*problem, SearchConfigToJson(SearchConfig{}).dump());
-    EXPECT_TRUE(search.ok());
-    store::CandidateRow c;
-    c.search_id = *search;
-    c.source = source;
-    c.plan_json = plan;
-    c.kind = store::CandidateKind::kSeed;
-    c.slot_key = "r0/seed/b0";
-    auto id = (*store)->PutCandidate(c);
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    Evaluation e;
-    e.status = EvalStatus::kCorrect;
-    e.device = "test GPU";
-    e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20};
-    e.speedup_eager = 1.5;
-    EXPECT_TRUE((*store)->PutEvaluation(*id, e, std::nullopt).ok());
-    return id.ok() ? *id : 0;
+    return testing::StoreCorrectSeed(store->get(), p, source, plan, "test GPU", 1.5);
   }
 
   // Exports candidate `id` with the real binary and runs kExportCheckPy on it.

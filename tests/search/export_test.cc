@@ -22,6 +22,7 @@
 #include "search/export.h"
 #include "search/search_config.h"
 #include "search/store/lineage_store.h"
+#include "tests/search/store_fill.h"
 #include "tests/search/export_kernels.h"
 
 namespace ks {
@@ -258,25 +259,7 @@ class ExportCliTest : public ExportTest {
     p.file_path = "layernorm_small.py";
     p.source = "import torch\n# layernorm_small\n";
     p.signature_json = SignatureToJson(sig).dump();
-    auto problem = (*store)->PutProblem(p);
-    EXPECT_TRUE(problem.ok()) << problem.status().ToString();
-    auto search = (*store)->CreateSearch(*problem, SearchConfigToJson(SearchConfig{}).dump());
-    EXPECT_TRUE(search.ok());
-    store::CandidateRow c;
-    c.search_id = *search;
-    c.source = source;
-    c.plan_json = plan;
-    c.kind = store::CandidateKind::kSeed;
-    c.slot_key = "r0/seed/b0";
-    auto id = (*store)->PutCandidate(c);
-    EXPECT_TRUE(id.ok()) << id.status().ToString();
-    Evaluation e;
-    e.status = EvalStatus::kCorrect;
-    e.device = "NVIDIA H100 80GB HBM3";
-    e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20};
-    e.speedup_eager = 1.75;
-    EXPECT_TRUE((*store)->PutEvaluation(*id, e, std::nullopt).ok());
-    return *id;
+    return testing::StoreCorrectSeed(store->get(), p, source, plan, "NVIDIA H100 80GB HBM3", 1.75);
   }
 
   SubprocessResult Export(int64_t id, const std::string& out) {

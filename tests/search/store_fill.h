@@ -1,0 +1,42 @@
+// Test helper: puts a problem, a search, one seed candidate and a correct
+// evaluation of it into a lineage store, as a finished search would leave them.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "search/search_config.h"
+#include "search/store/lineage_store.h"
+
+namespace ks::testing {
+
+// Returns the candidate id, or 0 after recording a test failure.
+inline int64_t StoreCorrectSeed(store::LineageStore* store, const store::ProblemRow& problem_row,
+                                const std::string& source, const std::string& plan, const std::string& device,
+                                double speedup_eager) {
+  auto problem = store->PutProblem(problem_row);
+  EXPECT_TRUE(problem.ok()) << problem.status().ToString();
+  if (!problem.ok()) return 0;
+  auto search = store->CreateSearch(*problem, SearchConfigToJson(SearchConfig{}).dump());
+  EXPECT_TRUE(search.ok()) << search.status().ToString();
+  if (!search.ok()) return 0;
+  store::CandidateRow c;
+  c.search_id = *search;
+  c.source = source;
+  c.plan_json = plan;
+  c.kind = store::CandidateKind::kSeed;
+  c.slot_key = "r0/seed/b0";
+  auto id = store->PutCandidate(c);
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  if (!id.ok()) return 0;
+  Evaluation e;
+  e.status = EvalStatus::kCorrect;
+  e.device = device;
+  e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20};
+  e.speedup_eager = speedup_eager;
+  EXPECT_TRUE(store->PutEvaluation(*id, e, std::nullopt).ok());
+  return *id;
+}
+
+}  // namespace ks::testing
