@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Measured peaks of this GPU, with torch: dense matmul TFLOP/s per dtype and
 device-to-device copy bandwidth. Used by baselines.sh for compute floors
-(FLOPS / peak of the problem's dtype); the evaluator's own floor uses only its
-measured bandwidth.
+(FLOPS / peak of the problem's dtype). The matmul figures come from
+evaluator/reference/peaks.py, the same measurement the evaluator caches per
+GPU for its own roofline.
 
   fp32       8192^3 matmul, TF32 off (torch.backends.cuda.matmul.allow_tf32 = False)
   tf32       the same with TF32 on
@@ -17,7 +18,7 @@ phase first). Writes JSON to --out and prints a table.
 
 import argparse
 import json
-import statistics
+import os
 import sys
 import time
 
@@ -37,43 +38,14 @@ def main():
         sys.exit("peaks: torch %s sees no CUDA device" % torch.__version__)
 
     t_start = time.time()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def time_ms(fn, runs, warm_ms=200.0):
-        t0 = time.time()
-        fn()
-        torch.cuda.synchronize()
-        while (time.time() - t0) * 1000 < warm_ms:
-            fn()
-            torch.cuda.synchronize()
-        out = []
-        for _ in range(runs):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end))
-        return statistics.median(out), out
-
-    n = args.n
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "n": n, "runs": args.runs,
-           "tflops": {}, "matmul_ms": {}}
-    flops = 2.0 * n * n * n
-    for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                              ("bf16", torch.bfloat16, False), ("fp16", torch.float16, False)):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        a = torch.randn(n, n, device="cuda", dtype=dtype)
-        b = torch.randn(n, n, device="cuda", dtype=dtype)
-        c = torch.empty(n, n, device="cuda", dtype=dtype)
-        ms, _ = time_ms(lambda: torch.matmul(a, b, out=c), args.runs)
-        res["matmul_ms"][name] = ms
-        res["tflops"][name] = flops / (ms * 1e-3) / 1e12
-        del a, b, c
-    torch.backends.cuda.matmul.allow_tf32 = False
+    # The matmul peaks are the evaluator's own measurement (bridge.py peaks).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "evaluator", "reference"))
+    import peaks
+    res = peaks.matmul_peaks(torch, 0, args.n, args.runs)
 
     src = torch.empty(args.copy_bytes, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
-    ms, _ = time_ms(lambda: dst.copy_(src), args.runs)
+    ms = peaks.time_ms(torch, lambda: dst.copy_(src), args.runs)
     res["copy_ms"] = ms
     res["copy_bytes"] = args.copy_bytes
     res["copy_gbps"] = 2.0 * args.copy_bytes / (ms * 1e-3) / 1e9

@@ -71,8 +71,14 @@ int Run(const EvalArgs& a) {
   GpuEvaluatorOptions go;
   go.drop_privileges = !a.keep_privileges;
   go.run_timeout_s = a.run_timeout_s;
+  go.python = a.python;
   auto ev = GpuEvaluator::Create(*ref, go);
   if (!ev.ok()) return ReportError(ev.status());
+  if (ref->signature.flops.value_or(0) > 0) {
+    if (auto peaks = (*ev)->Peaks(); !peaks.ok())
+      std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
+                   a.problem.c_str(), peaks.status().message().c_str());
+  }
   std::vector<Candidate> to_eval;
   std::vector<size_t> index;
   for (size_t i = 0; i < cands.size(); ++i)

@@ -36,6 +36,11 @@ void PrintEvaluation(const Evaluation& e) {
     std::printf("roofline: %.3g MB must move, %.0f GB/s achieved", r.bytes / 1e6, r.achieved_gbps);
     if (r.flops > 0) std::printf(", %.2f TFLOP/s", r.achieved_tflops);
     std::printf("; floor %s, %.0f%% of it reached\n", Ms(r.floor_ms).c_str(), r.fraction_of_floor * 100);
+    if (r.peak_gbps > 0 || r.peak_tflops > 0) {
+      std::printf("          floor from %.0f GB/s measured", r.peak_gbps);
+      if (r.peak_tflops > 0) std::printf(" and %.1f TFLOP/s %s matmul measured", r.peak_tflops, r.compute_class.c_str());
+      std::printf(" (%s-bound)\n", r.bound.c_str());
+    }
   }
   if (!e.errors.empty()) {
     std::printf("\n%-14s %4s %11s %11s %11s %11s %11s %10s\n", "output", "set", "max abs", "max rel", "rel norm",

@@ -74,7 +74,8 @@ json EvaluationToJson(const Evaluation& e) {
     const auto& r = *e.roofline;
     j["roofline"] = {{"bytes", r.bytes}, {"flops", r.flops}, {"achieved_gbps", r.achieved_gbps},
                      {"achieved_tflops", r.achieved_tflops}, {"floor_ms", r.floor_ms},
-                     {"fraction_of_floor", r.fraction_of_floor}};
+                     {"fraction_of_floor", r.fraction_of_floor}, {"peak_gbps", r.peak_gbps},
+                     {"peak_tflops", r.peak_tflops}, {"compute_class", r.compute_class}, {"bound", r.bound}};
   } else {
     j["roofline"] = nullptr;
   }
@@ -126,8 +127,11 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
     e.speedup_compile = j["speedup_compile"].get<double>();
   if (j.contains("roofline") && j["roofline"].is_object()) {
     const auto& r = j["roofline"];
-    e.roofline = Roofline{r.value("bytes", 0.0), r.value("flops", 0.0), r.value("achieved_gbps", 0.0),
-                          r.value("achieved_tflops", 0.0), r.value("floor_ms", 0.0), r.value("fraction_of_floor", 0.0)};
+    e.roofline = Roofline{r.value("bytes", 0.0),          r.value("flops", 0.0),
+                          r.value("achieved_gbps", 0.0),  r.value("achieved_tflops", 0.0),
+                          r.value("floor_ms", 0.0),       r.value("fraction_of_floor", 0.0),
+                          r.value("peak_gbps", 0.0),      r.value("peak_tflops", 0.0),
+                          r.value("compute_class", ""),   r.value("bound", "")};
   }
   return e;
 }

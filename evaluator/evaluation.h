@@ -70,6 +70,10 @@ struct Roofline {
   double achieved_tflops = 0;
   double floor_ms = 0;           // max(bytes / peak bandwidth, flops / peak rate)
   double fraction_of_floor = 0;  // floor_ms / median_ms (1.0 = at the floor)
+  double peak_gbps = 0;          // the measured bandwidth the floor used
+  double peak_tflops = 0;        // the measured peak of compute_class; 0 = no compute floor
+  std::string compute_class;     // "fp32", "tf32", "bf16", "fp16" (see ComputeClassFor), "" when unused
+  std::string bound;             // "memory" or "compute": which floor is the larger
 };
 
 struct ResolvedLaunch {

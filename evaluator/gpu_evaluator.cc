@@ -306,7 +306,19 @@ Status GpuEvaluator::Setup() {
   KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
   ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
   KS_RETURN_IF_ERROR(MeasureBandwidth());
+  if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
   return StartWorker();
+}
+
+StatusOr<DevicePeaks> GpuEvaluator::Peaks() {
+  if (!peaks_) {
+    PeaksOptions po;
+    po.bridge.python = opts_.python;
+    po.device_index = opts_.device;
+    po.device_name = info_.name;
+    peaks_ = MeasureDevicePeaks(po);
+  }
+  return *peaks_;
 }
 
 Status GpuEvaluator::MeasureBandwidth() {
@@ -736,9 +748,20 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   double sec = e.timing->median_ms * 1e-3;
   rf.achieved_gbps = sec > 0 ? rf.bytes / sec / 1e9 : 0;
   rf.achieved_tflops = sec > 0 ? rf.flops / sec / 1e12 : 0;
+  rf.peak_gbps = bandwidth_gbps_;
+  if (rf.flops > 0) {
+    rf.compute_class = ComputeClassFor(ref_.signature);
+    if (opts_.peak_tflops > 0) {
+      rf.peak_tflops = opts_.peak_tflops;
+    } else if (peaks_ && peaks_->ok()) {
+      rf.peak_tflops = (*peaks_)->For(rf.compute_class);
+    }
+    if (rf.peak_tflops <= 0) rf.compute_class.clear();
+  }
   double floor_bw = bandwidth_gbps_ > 0 ? rf.bytes / (bandwidth_gbps_ * 1e9) * 1e3 : 0;
-  double floor_fl = opts_.peak_tflops > 0 ? rf.flops / (opts_.peak_tflops * 1e12) * 1e3 : 0;
+  double floor_fl = rf.peak_tflops > 0 ? rf.flops / (rf.peak_tflops * 1e12) * 1e3 : 0;
   rf.floor_ms = std::max(floor_bw, floor_fl);
+  rf.bound = floor_fl > floor_bw ? "compute" : "memory";
   rf.fraction_of_floor = e.timing->median_ms > 0 ? rf.floor_ms / e.timing->median_ms : 0;
   e.roofline = rf;
   return finish(EvalStatus::kCorrect, "");

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,10 @@ struct GpuEvaluatorOptions {
   double max_eval_s = 20;           // wall-clock cap on the timed phase of one candidate
   bool drop_privileges = true;      // the worker runs as nobody when we are root
   size_t worker_log_cap = 64 * 1024;
-  double peak_tflops = 0;           // for the roofline; 0 = use the bandwidth floor only
+  double peak_tflops = 0;           // compute peak for the roofline; 0 = the measured peak (below)
+  bool measure_peaks = true;        // for a problem with FLOPS: measure (once per GPU, cached) the
+                                    // matmul peak of its compute class (MeasureDevicePeaks)
+  std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
 };
 
 class GpuEvaluator : public CandidateEvaluator {
@@ -57,6 +61,10 @@ class GpuEvaluator : public CandidateEvaluator {
 
   const DeviceInfo& device_info() const { return info_; }
   double measured_bandwidth_gbps() const { return bandwidth_gbps_; }
+  // This GPU's measured matmul peaks: measured at Create for a problem that
+  // declares FLOPS, or on the first call here (cached per GPU on disk).
+  // An error leaves the roofline with its bandwidth floor only.
+  StatusOr<DevicePeaks> Peaks();
   int worker_restarts() const { return worker_restarts_; }
   int sets() const { return static_cast<int>(ref_.sets.size()); }
 
@@ -113,6 +121,7 @@ class GpuEvaluator : public CandidateEvaluator {
   std::string worker_log_path_;
   bool worker_ready_ = false;
   double bandwidth_gbps_ = 0;
+  std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
   int worker_restarts_ = 0;
 };
 

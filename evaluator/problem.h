@@ -117,6 +117,44 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
 // an error, not a silently short tensor).
 StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir);
 
+// ---- Measured peaks ---------------------------------------------------------------
+
+// The dense-matmul TFLOP/s a GPU really reaches (bridge.py peaks, cuBLAS through
+// torch), by compute class: "fp32" (TF32 off), "tf32", "bf16", "fp16". The
+// evaluator's compute floor is a problem's FLOPS over one of these.
+struct DevicePeaks {
+  std::string device;                    // GPU name, as the driver reports it
+  std::string torch_version;
+  std::map<std::string, double> tflops;  // class -> TFLOP/s, every value > 0
+  int n = 0;                             // matmul size measured (n x n x n)
+  bool from_cache = false;
+
+  // The peak of `compute_class`, 0 when it was not measured.
+  double For(const std::string& compute_class) const;
+};
+
+struct PeaksOptions {
+  BridgeOptions bridge;
+  int device_index = 0;          // CUDA ordinal, as torch and the driver number devices
+  std::string device_name;       // the driver's name for it: the cache key and a check on the bridge
+  std::string cache_dir;         // "" = DefaultReferenceCacheDir()/peaks
+  bool refresh = false;          // measure again even when cached
+  int n = 8192;
+  int runs = 10;
+};
+
+// The peaks of one GPU, measured once (seconds) and then read from
+// <cache_dir>/<device name>.json. A damaged cache file is measured again.
+// FailedPrecondition when torch sees no GPU.
+StatusOr<DevicePeaks> MeasureDevicePeaks(const PeaksOptions& opts);
+
+// The class whose peak bounds a problem's compute: that of its outputs' dtype
+// (float32 -> "fp32": torch's reference runs matmuls without TF32; float16 ->
+// "fp16"; bfloat16 -> "bf16"; float64 -> "fp64", never measured). A problem
+// with mixed output dtypes takes its first floating output. "" when no output
+// is floating point.
+std::string ComputeClassFor(const Signature& signature);
+
 // Reads one tensor file into memory, checking its size against `spec`. For CPU
 // tests and small cases; large tensors go to the GPU without this copy.
 StatusOr<std::string> ReadTensorFile(const std::string& path, const TensorSpec& spec);

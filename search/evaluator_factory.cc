@@ -1,5 +1,7 @@
 #include "search/evaluator_factory.h"
 
+#include <algorithm>
+
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
@@ -7,7 +9,7 @@
 
 namespace ks {
 
-GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gbps) {
+GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gbps, const DevicePeaks* peaks) {
   GpuFacts g;
   g.name = info.name;
   g.compute_capability = std::to_string(info.sm_major) + "." + std::to_string(info.sm_minor);
@@ -15,6 +17,11 @@ GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gb
   g.shared_bytes_per_block = info.shared_per_block_optin;
   g.l2_bytes = info.l2_bytes;
   g.memory_bandwidth_gbps = measured_bandwidth_gbps;
+  if (peaks) {
+    g.fp32_tflops = peaks->For("fp32");
+    g.tf32_tflops = peaks->For("tf32");
+    g.fp16_tensor_tflops = std::max(peaks->For("fp16"), peaks->For("bf16"));
+  }
   return g;
 }
 
@@ -44,8 +51,11 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem_file, ro));
     GpuEvaluatorOptions go;
     go.device = options.device;
+    go.python = options.python;
     KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, GpuEvaluator::Create(ref, go));
-    made.gpu = GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps());
+    // Peaks are measured once per GPU and cached; a failure only leaves them unknown in prompts.
+    auto peaks = ev->Peaks();
+    made.gpu = GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(), peaks.ok() ? &*peaks : nullptr);
     made.evaluator = std::move(ev);
     return made;
   }

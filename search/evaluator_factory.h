@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
+#include "evaluator/problem.h"
 #include "search/llm/prompts.h"
 
 namespace ks {
@@ -42,9 +43,10 @@ StatusOr<std::unique_ptr<CandidateEvaluator>> MakeEvaluator(const std::string& p
                                                             const EvaluatorOptions& options);
 
 // The facts prompts state about a device, from what the GPU evaluator queried
-// and measured: GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps()).
-// Figures the device query does not give (shared memory and registers per SM,
-// FLOP peaks) stay 0, which the prompts render as unknown.
-GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gbps);
+// and measured: GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(),
+// peaks). Figures not known (shared memory and registers per SM; FLOP peaks
+// when `peaks` is null) stay 0, which the prompts render as unknown.
+GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gbps,
+                            const DevicePeaks* peaks = nullptr);
 
 }  // namespace ks

@@ -34,6 +34,7 @@ nlohmann::json GpuFactsToJson(const GpuFacts& g) {
           {"registers_per_sm", g.registers_per_sm},
           {"memory_bandwidth_gbps", g.memory_bandwidth_gbps},
           {"fp32_tflops", g.fp32_tflops},
+          {"tf32_tflops", g.tf32_tflops},
           {"fp16_tensor_tflops", g.fp16_tensor_tflops}};
 }
 
@@ -49,6 +50,7 @@ GpuFacts GpuFactsFromJson(const nlohmann::json& j) {
   g.registers_per_sm = j.value("registers_per_sm", 0);
   g.memory_bandwidth_gbps = j.value("memory_bandwidth_gbps", 0.0);
   g.fp32_tflops = j.value("fp32_tflops", 0.0);
+  g.tf32_tflops = j.value("tf32_tflops", 0.0);
   g.fp16_tensor_tflops = j.value("fp16_tensor_tflops", 0.0);
   return g;
 }

@@ -16,6 +16,9 @@ problem prints goes to stderr so it cannot corrupt that object):
       DIR/manifest.json (written last, atomically); prints the manifest.
   check PROBLEM.py [--sets K] [--seed S] [--device D]
       {"warnings": [...]}: outputs that would let a wrong kernel pass.
+  peaks [--index I] [--n N] [--runs R]
+      measured dense-matmul TFLOP/s of CUDA device I per compute class
+      (fp32, tf32, bf16, fp16; see peaks.py); needs a GPU.
 
 A bad problem file prints {"error": {"kind", "message", "detail"}} and exits
 with status 2. Runs on torch 1.13 (CPU) and torch 2.x (GPU).
@@ -708,6 +711,20 @@ def cmd_check(problem, args):
     return {"warnings": manifest["warnings"]}
 
 
+def cmd_peaks(args):
+    import torch
+    import peaks
+    if not torch.cuda.is_available():
+        raise BridgeError("device_error", "measuring peaks needs a GPU, but torch %s sees no CUDA device"
+                          % torch.__version__)
+    count = torch.cuda.device_count()
+    if not 0 <= args.index < count:
+        raise BridgeError("device_error", "there is no CUDA device %d (torch sees %d)" % (args.index, count))
+    if args.n < 256 or args.runs < 1:
+        raise BridgeError("bad_arguments", "peaks needs --n >= 256 and --runs >= 1")
+    return peaks.matmul_peaks(torch, args.index, args.n, args.runs)
+
+
 # -- main ------------------------------------------------------------------------------
 
 
@@ -732,6 +749,10 @@ def _parser():
         if name == "reference":
             s.add_argument("--out")
             s.add_argument("--time", action="store_true")
+    s = sub.add_parser("peaks")
+    s.add_argument("--index", type=int, default=0)
+    s.add_argument("--n", type=int, default=8192)
+    s.add_argument("--runs", type=int, default=10)
     return p
 
 
@@ -751,7 +772,7 @@ def main(argv):
     try:
         args = _parser().parse_args(argv)
         if args.command is None:
-            raise _ArgumentError("a subcommand is required: signature, reference or check")
+            raise _ArgumentError("a subcommand is required: signature, reference, check or peaks")
     except _ArgumentError as e:
         return emit({"error": {"kind": "bad_arguments", "message": "bridge.py: %s" % e, "detail": ""}},
                     EXIT_BAD_PROBLEM)
@@ -760,7 +781,10 @@ def main(argv):
     except ImportError as e:
         return emit({"error": {"kind": "no_torch", "message": "%s cannot import torch: %s" % (sys.executable, e),
                                "detail": ""}}, EXIT_INTERNAL)
+    what = "peaks" if args.command == "peaks" else args.problem
     try:
+        if args.command == "peaks":
+            return emit(cmd_peaks(args), 0)
         problem = Problem(args.problem).load()
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check}[args.command](
             problem, args)
@@ -768,11 +792,11 @@ def main(argv):
     except BridgeError as e:
         return emit({"error": {"kind": e.kind, "message": e.message, "detail": e.detail}}, EXIT_BAD_PROBLEM)
     except MemoryError as e:
-        return emit({"error": {"kind": "out_of_memory", "message": "%s: out of host memory" % args.problem,
+        return emit({"error": {"kind": "out_of_memory", "message": "%s: out of host memory" % what,
                                "detail": _traceback_tail(e)}}, EXIT_BAD_PROBLEM)
     except Exception as e:  # noqa: BLE001 - a bug here must still answer in JSON
         return emit({"error": {"kind": "internal", "message": "%s: reference bridge failed: %s: %s"
-                               % (args.problem, type(e).__name__, _first_line(e)), "detail": _traceback_tail(e)}},
+                               % (what, type(e).__name__, _first_line(e)), "detail": _traceback_tail(e)}},
                     EXIT_INTERNAL)
 
 

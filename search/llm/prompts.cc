@@ -98,8 +98,13 @@ std::string GpuFactsText(const GpuFacts& g) {
   out += "\n- L2 cache: " + Bytes(g.l2_bytes) + "\n";
   if (g.registers_per_sm) out += fmt::format("- Registers: {} per SM\n", g.registers_per_sm);
   out += fmt::format("- Memory bandwidth (measured): {:.0f} GB/s\n", g.memory_bandwidth_gbps);
-  out += fmt::format("- FP32 peak: {:.1f} TFLOP/s", g.fp32_tflops);
-  if (g.fp16_tensor_tflops) out += fmt::format("; FP16/BF16 tensor-core peak: {:.0f} TFLOP/s", g.fp16_tensor_tflops);
+  std::vector<std::string> peaks;
+  if (g.fp32_tflops) peaks.push_back(fmt::format("FP32 {:.1f}", g.fp32_tflops));
+  if (g.tf32_tflops) peaks.push_back(fmt::format("TF32 tensor cores {:.0f}", g.tf32_tflops));
+  if (g.fp16_tensor_tflops) peaks.push_back(fmt::format("FP16/BF16 tensor cores {:.0f}", g.fp16_tensor_tflops));
+  if (peaks.empty()) return out + "- Compute peaks: unknown";
+  out += "- Dense matmul peaks (measured, cuBLAS), TFLOP/s: ";
+  for (size_t i = 0; i < peaks.size(); ++i) out += (i ? ", " : "") + peaks[i];
   return out;
 }
 

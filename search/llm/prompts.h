@@ -28,8 +28,10 @@ struct GpuFacts {
   int64_t l2_bytes = 0;
   int registers_per_sm = 0;                // 0: unknown
   double memory_bandwidth_gbps = 0;        // measured
-  double fp32_tflops = 0;                  // measured or datasheet
-  double fp16_tensor_tflops = 0;           // 0: unknown
+  // Dense matmul peaks measured with cuBLAS (MeasureDevicePeaks); 0: unknown.
+  double fp32_tflops = 0;                  // CUDA cores, TF32 off
+  double tf32_tflops = 0;                  // tensor cores
+  double fp16_tensor_tflops = 0;           // tensor cores, the larger of fp16 and bf16
 };
 
 // The kernel a round starts from: a correct candidate with its evaluation, or

@@ -319,7 +319,8 @@ TEST_F(SearchE2eTest, DeviceFactsFromTheEvaluatorReachTheConfigAndPrompts) {
   const std::string db = Path("facts.db");
   nlohmann::json facts = {{"name", "Fake H100"},       {"compute_capability", "9.0"},
                           {"sm_count", 132},           {"shared_bytes_per_block", 232448},
-                          {"l2_bytes", 52428800},      {"memory_bandwidth_gbps", 3021.0}};
+                          {"l2_bytes", 52428800},      {"memory_bandwidth_gbps", 3021.0},
+                          {"fp32_tflops", 51.2},       {"tf32_tflops", 361.0}};
   std::vector<std::string> args = {kBinary,   "search",  problem_,     "--db",      db,   "--signature",
                                    signature_, "--model", kModel,       "--rounds",  "0",  "--branches",
                                    "1",        "--repair", "0",         "--quiet"};
@@ -334,12 +335,14 @@ TEST_F(SearchE2eTest, DeviceFactsFromTheEvaluatorReachTheConfigAndPrompts) {
   EXPECT_EQ(gpu.value("sm_count", 0), 132);
   EXPECT_EQ(gpu.value("name", ""), "Fake H100");
   EXPECT_DOUBLE_EQ(gpu.value("memory_bandwidth_gbps", 0.0), 3021.0);
+  EXPECT_DOUBLE_EQ(gpu.value("tf32_tflops", 0.0), 361.0);
   auto calls = (*store)->ListLlmCalls(1, true);
   ASSERT_TRUE(calls.ok());
   ASSERT_FALSE(calls->empty());
   const std::string& prompt = calls->front().record.prompt;
   EXPECT_NE(prompt.find("Fake H100 (compute capability 9.0), 132 SMs"), std::string::npos) << prompt;
   EXPECT_NE(prompt.find("3021 GB/s"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("TFLOP/s: FP32 51.2, TF32 tensor cores 361"), std::string::npos) << prompt;
 }
 
 }  // namespace

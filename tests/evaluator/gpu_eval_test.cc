@@ -98,11 +98,58 @@ TEST(GpuEvalTest, CorrectSoftmaxPassesWithSpeedups) {
   EXPECT_GT(*e.speedup_eager, 0);
   ASSERT_TRUE(e.roofline.has_value());
   EXPECT_GT(e.roofline->achieved_gbps, 0);
+  EXPECT_EQ(e.roofline->bound, "memory");     // softmax_small declares no FLOPS
+  EXPECT_EQ(e.roofline->peak_tflops, 0);
   ASSERT_EQ(e.errors.size(), 1u);
   EXPECT_LT(e.errors[0].rel_norm, 1e-5);
   std::printf("softmax: median %.4f ms, eager %.4f ms, speedup %.2fx, %.0f GB/s (%.0f%% of floor); bandwidth probe %.0f GB/s\n",
               e.timing->median_ms, e.eager ? e.eager->median_ms : 0, *e.speedup_eager, e.roofline->achieved_gbps,
               e.roofline->fraction_of_floor * 100, ev->measured_bandwidth_gbps());
+}
+
+constexpr const char* kMatmul = R"CUDA(
+extern "C" __global__ void matmul(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                                  int n) {
+  __shared__ float a[16][16], b[16][16];
+  int row = blockIdx.y * 16 + threadIdx.y, col = blockIdx.x * 16 + threadIdx.x;
+  float acc = 0.f;
+  for (int k0 = 0; k0 < n; k0 += 16) {
+    a[threadIdx.y][threadIdx.x] = A[(size_t)row * n + k0 + threadIdx.x];
+    b[threadIdx.y][threadIdx.x] = B[(size_t)(k0 + threadIdx.y) * n + col];
+    __syncthreads();
+    for (int k = 0; k < 16; ++k) acc += a[threadIdx.y][k] * b[k][threadIdx.x];
+    __syncthreads();
+  }
+  C[(size_t)row * n + col] = acc;
+}
+)CUDA";
+constexpr const char* kMatmulPlan = R"P({"launches": [{"kernel": "matmul", "grid": ["cdiv(A.shape[1], 16)",
+  "cdiv(A.shape[0], 16)"], "block": [16, 16], "args": ["A", "B", "out", "A.shape[0]"]}]})P";
+
+TEST(GpuEvalTest, AProblemWithFlopsGetsAComputeFloorFromTheMeasuredPeak) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("matmul_1024.py"));
+  ASSERT_NE(ev, nullptr);
+  auto peaks = ev->Peaks();
+  ASSERT_TRUE(peaks.ok()) << peaks.status().ToString();
+  Evaluation e = EvalOne(ev, kMatmul, kMatmulPlan);
+  ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
+  ASSERT_TRUE(e.roofline.has_value());
+  const Roofline& r = *e.roofline;
+  EXPECT_DOUBLE_EQ(r.flops, 2.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(r.compute_class, "fp32");
+  EXPECT_DOUBLE_EQ(r.peak_tflops, peaks->For("fp32"));
+  EXPECT_GT(r.peak_tflops, 10);  // any datacenter GPU; the H100 measures ~51
+  EXPECT_DOUBLE_EQ(r.peak_gbps, ev->measured_bandwidth_gbps());
+  EXPECT_EQ(r.bound, "compute");
+  EXPECT_NEAR(r.floor_ms, r.flops / (r.peak_tflops * 1e12) * 1e3, 1e-9);
+  EXPECT_NEAR(r.fraction_of_floor, r.floor_ms / e.timing->median_ms, 1e-9);
+  EXPECT_GT(r.achieved_tflops, 0);
+  EXPECT_LT(r.achieved_tflops, r.peak_tflops * 1.05);  // a naive tiled kernel does not beat cuBLAS
+  std::printf("matmul 1024^3 naive tiles: %.4f ms, %.2f TFLOP/s; peak fp32 %.1f TFLOP/s (cached: %d); "
+              "floor %.4f ms (%s-bound), %.0f%% of it; eager %.4f ms\n",
+              e.timing->median_ms, r.achieved_tflops, r.peak_tflops, peaks->from_cache, r.floor_ms, r.bound.c_str(),
+              r.fraction_of_floor * 100, e.eager ? e.eager->median_ms : 0);
 }
 
 TEST(GpuEvalTest, CorrectLayerNormPasses) {

@@ -480,6 +480,89 @@ TEST(CliTest, ASearchOnADegenerateProblemNeedsAllowDegenerate) {
   }
 }
 
+// ---- Measured peaks -------------------------------------------------------------------
+
+TEST(PeaksTest, ComputeClassIsThatOfTheFirstFloatingOutput) {
+  Signature s;
+  auto out = [](DType d) {
+    TensorSpec t;
+    t.name = "out";
+    t.dtype = d;
+    t.shape = {4};
+    return t;
+  };
+  EXPECT_EQ(ComputeClassFor(s), "");
+  s.outputs = {out(DType::kInt64)};
+  EXPECT_EQ(ComputeClassFor(s), "");
+  s.outputs = {out(DType::kInt64), out(DType::kBFloat16)};
+  EXPECT_EQ(ComputeClassFor(s), "bf16");
+  s.outputs = {out(DType::kFloat16)};
+  EXPECT_EQ(ComputeClassFor(s), "fp16");
+  s.outputs = {out(DType::kFloat32), out(DType::kFloat16)};
+  EXPECT_EQ(ComputeClassFor(s), "fp32");  // fp32 is TF32 off, as torch runs the reference
+}
+
+TEST(PeaksTest, ACachedMeasurementIsUsedWithoutRunningPython) {
+  TempDir dir;
+  ASSERT_TRUE(WriteFile(dir.path() + "/Test_GPU_80GB.json",
+                        R"({"device": "Test GPU 80GB", "torch": "2.11.0", "n": 8192,
+                            "tflops": {"fp32": 51.2, "tf32": 361.3, "bf16": 684.4, "fp16": 641.6}})")
+                  .ok());
+  PeaksOptions o;
+  o.cache_dir = dir.path();
+  o.device_name = "Test GPU 80GB";
+  o.bridge.python = "/bin/false";  // running the bridge would fail: the cache must answer
+  auto p = MeasureDevicePeaks(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->from_cache);
+  EXPECT_EQ(p->device, "Test GPU 80GB");
+  EXPECT_EQ(p->n, 8192);
+  EXPECT_DOUBLE_EQ(p->For("fp32"), 51.2);
+  EXPECT_DOUBLE_EQ(p->For("bf16"), 684.4);
+  EXPECT_DOUBLE_EQ(p->For("fp64"), 0);
+}
+
+TEST(PeaksTest, ADamagedCacheIsMeasuredAgainAndWithoutAGpuThatFailsClearly) {
+  REQUIRE_TORCH();
+  auto py = ResolvePython();
+  if (py->cuda) GTEST_SKIP() << "this test is about a machine without a GPU";
+  TempDir dir;
+  // A negative peak, as a damaged or hand-edited file would have it.
+  ASSERT_TRUE(WriteFile(dir.path() + "/Test_GPU.json", R"({"device": "Test GPU", "tflops": {"fp32": -1}})").ok());
+  PeaksOptions o;
+  o.cache_dir = dir.path();
+  o.device_name = "Test GPU";
+  auto p = MeasureDevicePeaks(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), Code::kFailedPrecondition) << p.status().ToString();
+  EXPECT_THAT(p.status().message(), HasSubstr("needs a GPU"));
+  EXPECT_THAT(p.status().message(), HasSubstr("sees no CUDA device"));
+}
+
+TEST(PeaksTest, MeasuredOnTheGpuAndCached) {
+  REQUIRE_TORCH();
+  auto py = ResolvePython();
+  if (!py->cuda) GTEST_SKIP() << py->python << " (torch " << py->torch_version << ") sees no CUDA device";
+  TempDir dir;
+  PeaksOptions o;
+  o.cache_dir = dir.path();
+  o.device_name = py->device;
+  o.n = 4096;
+  o.runs = 5;
+  auto p = MeasureDevicePeaks(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_FALSE(p->from_cache);
+  for (const char* c : {"fp32", "tf32", "bf16", "fp16"}) EXPECT_GT(p->For(c), 1.0) << c;
+  // Tensor cores beat CUDA cores on every GPU we run on.
+  EXPECT_GT(p->For("bf16"), p->For("fp32"));
+  auto again = MeasureDevicePeaks(o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->from_cache);
+  EXPECT_DOUBLE_EQ(again->For("fp32"), p->For("fp32"));
+  std::printf("peaks on %s: fp32 %.1f, tf32 %.1f, bf16 %.1f, fp16 %.1f TFLOP/s (n = 4096)\n", p->device.c_str(),
+              p->For("fp32"), p->For("tf32"), p->For("bf16"), p->For("fp16"));
+}
+
 TEST(CliTest, HelpListsTheOptions) {
   SubprocessResult r = RunCli({"problem", "info", "--help"});
   EXPECT_EQ(r.exit_code, 0);

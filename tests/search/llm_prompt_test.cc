@@ -1,6 +1,7 @@
 // Prompt templates render completely with a real problem and a realistic
 // evaluation, fail loudly when a variable is missing, and the reply parsers
 // read what models actually write.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 
 namespace ks {
 namespace {
+
+using ::testing::HasSubstr;
 
 PromptLibrary Library() {
   auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
@@ -37,7 +40,7 @@ ProblemContext LayerNormProblem() {
   })"));
   EXPECT_TRUE(sig.ok()) << sig.status().ToString();
   if (sig.ok()) p.signature = *sig;
-  p.gpu = {"NVIDIA H100 80GB HBM3", "9.0", 132, 232448, 233472, 52428800, 65536, 3010, 51.2, 989};
+  p.gpu = {"NVIDIA H100 80GB HBM3", "9.0", 132, 232448, 233472, 52428800, 65536, 3010, 51.2, 361, 684};
   return p;
 }
 
@@ -79,7 +82,8 @@ TEST(LlmPromptTest, IdeasPromptHasEverythingTheModelNeeds) {
   const std::string& u = p->user;
   for (const char* needle :
        {"class Model(torch.nn.Module)", "| input | `x` | float32 | [16, 64, 256, 256]", "`ln.weight`",
-        "NVIDIA H100 80GB HBM3", "132 SMs", "227.0 KiB per block", "50.0 MiB", "3010 GB/s", "51.2 TFLOP/s",
+        "NVIDIA H100 80GB HBM3", "132 SMs", "227.0 KiB per block", "50.0 MiB", "3010 GB/s", "FP32 51.2", "TF32 tensor cores 361",
+        "FP16/BF16 tensor cores 684",
         "extern \"C\" __global__", "NVRTC", "\"launches\"", "cdiv(", "row_stats", "median 1.2340 ms",
         "Speedup over eager: 2.03x", "15% of the achievable speed", "40 registers/thread",
         "- vectorized float4 loads → correct, 1.3x over the parent",
@@ -91,6 +95,18 @@ TEST(LlmPromptTest, IdeasPromptHasEverythingTheModelNeeds) {
   LlmRequest req = p->ToRequest("ideas");
   EXPECT_EQ(req.role, "ideas");
   EXPECT_EQ(req.prompt, u);
+}
+
+TEST(LlmPromptTest, UnmeasuredPeaksAreUnknownNotZero) {
+  GpuFacts g = LayerNormProblem().gpu;
+  g.fp32_tflops = g.tf32_tflops = g.fp16_tensor_tflops = 0;
+  std::string text = GpuFactsText(g);
+  EXPECT_THAT(text, HasSubstr("- Compute peaks: unknown"));
+  EXPECT_EQ(text.find("0.0 TFLOP"), std::string::npos) << text;
+  g.fp32_tflops = 51.2;
+  text = GpuFactsText(g);
+  EXPECT_THAT(text, HasSubstr("Dense matmul peaks (measured, cuBLAS), TFLOP/s: FP32 51.2"));
+  EXPECT_EQ(text.find("TF32"), std::string::npos) << text;
 }
 
 TEST(LlmPromptTest, IdeasPromptFromTheReferenceWithNothingTried) {

@@ -212,6 +212,28 @@ TEST_F(StoreTest, EvaluationsBestLineageAndPending) {
   EXPECT_EQ(store->History(p + 1)->size(), 0u);
 }
 
+TEST_F(StoreTest, TheRooflineAndItsPeaksSurviveTheStore) {
+  auto store = OpenOrDie();
+  int64_t p = *store->PutProblem({.name = "mm", .file_path = "mm.py", .source = "x"});
+  int64_t s = *store->CreateSearch(p, "{}");
+  int64_t c = *store->PutCandidate({.search_id = s, .source = "k", .plan_json = "{}", .slot_key = "seed"});
+  Evaluation e = Correct(25.26, 0.11);
+  e.roofline = Roofline{.bytes = 2.0e8, .flops = 1.374e11, .achieved_gbps = 7.9, .achieved_tflops = 5.44,
+                        .floor_ms = 2.684, .fraction_of_floor = 0.106, .peak_gbps = 2931, .peak_tflops = 51.2,
+                        .compute_class = "fp32", .bound = "compute"};
+  ASSERT_TRUE(store->PutEvaluation(c, e, std::nullopt).ok());
+  auto got = store->GetCandidate(c);
+  ASSERT_TRUE(got.ok());
+  auto parsed = EvaluationFromJson(nlohmann::json::parse(got->evaluation->evaluation_json));
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_TRUE(parsed->roofline.has_value());
+  EXPECT_DOUBLE_EQ(parsed->roofline->peak_tflops, 51.2);
+  EXPECT_DOUBLE_EQ(parsed->roofline->peak_gbps, 2931);
+  EXPECT_EQ(parsed->roofline->compute_class, "fp32");
+  EXPECT_EQ(parsed->roofline->bound, "compute");
+  EXPECT_DOUBLE_EQ(parsed->roofline->floor_ms, 2.684);
+}
+
 TEST_F(StoreTest, IdenticalCandidateFoundByNormalizedHash) {
   auto store = OpenOrDie();
   int64_t p = *store->PutProblem({.name = "x", .file_path = "x.py", .source = "x"});
