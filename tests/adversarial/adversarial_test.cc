@@ -117,11 +117,16 @@ TEST(AdversarialTest, ModifyingAParameterIsCaught) {
   ASSERT_NE(ev, nullptr);
   auto cand = LoadCandidateFiles(CasePath("26_modifies_weights"), "");
   ASSERT_TRUE(cand.ok());
-  auto r = ev->EvaluateBatch({*cand});
+  auto control = LoadCandidateFiles(CasePath("control_layernorm"), "");
+  ASSERT_TRUE(control.ok());
+  // The control runs after the attack: the parameter it reads was restored.
+  auto r = ev->EvaluateBatch({*cand, *control});
   ASSERT_TRUE(r.ok());
   Row("26_modifies_weights", "incorrect", (*r)[0]);
+  Row("control_layernorm", "correct", (*r)[1]);
   EXPECT_EQ((*r)[0].status, EvalStatus::kIncorrect);
   EXPECT_THAT((*r)[0].message, ::testing::HasSubstr("input 'ln.weight' was modified"));
+  EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
 }
 
 TEST(AdversarialTest, HardCodingOneInputSetFailsOnTheOthers) {
@@ -157,6 +162,7 @@ TEST(AdversarialTest, HardCodingOneInputSetFailsOnTheOthers) {
   auto r = ev->EvaluateBatch({Candidate{src, plan}, Candidate{honest, plan}});
   ASSERT_TRUE(r.ok());
   Row("14_hardcoded_set0", "incorrect", (*r)[0]);
+  Row("control_tiny_add", "correct", (*r)[1]);
   EXPECT_EQ((*r)[0].status, EvalStatus::kIncorrect);
   EXPECT_THAT((*r)[0].message, ::testing::HasSubstr("input set 1"));
   EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
