@@ -103,13 +103,15 @@ if ops:
              % (ops["flush_bytes_ours"] >> 20, ", ".join("%s=%r" % kv for kv in ops["do_bench_kwargs"].items()),
                 ops["torch"], ops["triton"], ops["rounds"]))
     L.append("")
-    L.append("| op | ours median ms | do_bench median ms | difference | within 3% | ours without the sync (diagnostic) |")
-    L.append("|---|---|---|---|---|---|")
+    L.append("| op | ours median ms | do_bench median ms | difference | within 3% | ours without the sync (diagnostic) "
+             "| ours without the pad (diagnostic) |")
+    L.append("|---|---|---|---|---|---|---|")
     for r in ops["ops"]:
-        L.append("| %s | %.4f | %.4f | %+.2f%% | %s | %.4f ms (%+.2f%%) |" % (
+        L.append("| %s | %.4f | %.4f | %+.2f%% | %s | %.4f ms (%+.2f%%) | %s |" % (
             r["what"], r["ours_ms"], r["triton_ms"], r["diff_pct"],
             "n/a (informational)" if r["informational"] else ("yes" if r["within_target"] else "**no**"),
-            r["ours_nosync_ms"], r["nosync_diff_pct"]))
+            r["ours_nosync_ms"], r["nosync_diff_pct"],
+            "%.4f ms (%+.2f%%)" % (r["ours_nopad_ms"], r["nopad_diff_pct"]) if "ours_nopad_ms" in r else "n/a"))
     L.append("")
     L.append("(a) verdict: max |difference| %.2f%% vs target 3%%: **%s**" % (
         ops["max_abs_diff_pct"] or 0, "PASS" if ops["all_within_target"] else "FAIL"))

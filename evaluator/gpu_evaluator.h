@@ -108,7 +108,8 @@ class GpuEvaluator : public CandidateEvaluator {
   PrimaryContext ctx_;
   DeviceInfo info_;
   std::string arch_;
-  Module helpers_;  // comparison kernels, compiled at start
+  Module helpers_;  // comparison kernels and the timing pad, compiled at start
+  std::string helpers_cubin_;  // sent to the worker, which launches the pad
   CUfunction cmp_fn_[9] = {};
   CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
   DeviceBuffer arena_, pristine_, stats_;
