@@ -64,8 +64,9 @@ def make_ops(torch):
     ops.append(("row_sum", "sum(x, dim=1), x 16384x16384 fp32", lambda: xs.sum(dim=1), False))
     xm = rnd(2048, 4096)
     softmax_module = torch.nn.Softmax(dim=1).cuda()
-    ops.append(("softmax_module", "nn.Softmax(dim=1) module, x 2048x4096 fp32 (small: host time of a module call)",
-                lambda: softmax_module(xm), False))
+    ops.append(("softmax_module", "nn.Softmax(dim=1) module, x 2048x4096 fp32 (informational: ~35 us, below the 50 us "
+                "the target covers; shows a module call's host time is not counted)",
+                lambda: softmax_module(xm), True))
     xt = rnd(1024, 1024)
     ops.append(("tiny_scale", "x * 2 + 1, x 1024x1024 fp32 (informational: launch-bound, a few us)",
                 lambda: xt * 2 + 1, True))

@@ -574,14 +574,23 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
   std::vector<const TensorSlot*> slots;
   for (const auto& s : set_inputs_[set]) slots.push_back(&s);
   for (const auto& s : params_) slots.push_back(&s);
+  // A modified input is named first even when outputs are also wrong: it is
+  // the cause, and which symptom shows depends on how the candidate's blocks race.
+  bool input_named = false;
   for (const TensorSlot* s : slots) {
     auto diff = CountDiffWords(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
     if (!diff.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
     if (*diff) {
       d_->cuMemcpyDtoD(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
-      if (r.status == EvalStatus::kCorrect)
-        fail(EvalStatus::kIncorrect, "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
-                                         " 4-byte words changed, input set " + std::to_string(set) + ")");
+      std::string msg = "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
+                        " 4-byte words changed, input set " + std::to_string(set) + ")";
+      if (r.status == EvalStatus::kCorrect) {
+        fail(EvalStatus::kIncorrect, msg);
+        input_named = true;
+      } else if (r.status == EvalStatus::kIncorrect && !input_named) {
+        r.message = msg + "; " + r.message;
+        input_named = true;
+      }
     }
   }
   // Guards around outputs: a write past an output's end is a memory error.
