@@ -139,7 +139,9 @@ for j in rows:
     rl = j.get("roofline") if isinstance(j.get("roofline"), dict) else {}
     if rl.get("flops"):
         flops = rl["flops"]
-    bw_floor = rl.get("floor_ms")
+    # The evaluator's floor_ms is already max(bandwidth, compute) since it measures
+    # FLOP peaks itself; the bandwidth part is bytes / its measured bandwidth.
+    bw_floor = (rl["bytes"] / (rl["peak_gbps"] * 1e9) * 1e3) if rl.get("peak_gbps") and rl.get("bytes") else rl.get("floor_ms")
     comp_floor = tf32_floor = None
     if flops and peaks:
         pk = peaks["tflops"].get(dtype)
