@@ -112,10 +112,12 @@ def main():
 
     class NoSyncTimer(timing.Timer):
         """Diagnostic only: our method without any device-wide sync (events around
-        the call, like do_bench), to attribute a difference."""
+        the call, like do_bench), to attribute a difference. (Until 2026-11-22
+        11:30 UTC this column had no pad either.)"""
 
         def call_ms(self, fn, args):
             self.flush.zero_()
+            timing.pad(self.pad_us)
             self.start.record()
             fn(*args)
             self.end.record()
@@ -123,22 +125,8 @@ def main():
             t = self.start.elapsed_time(self.end)
             return t, t  # (on-stream, device-wide), as Timer.call_ms returns
 
-    class NoPadTimer(timing.Timer):
-        """Diagnostic only: our method before the pad (timing.py PAD_US): the
-        host's time to issue fn counts when it exceeds the flush."""
-
-        def call_ms(self, fn, args):
-            self.flush.zero_()
-            self.start.record()
-            fn(*args)
-            self.end.record()
-            torch.cuda.synchronize()
-            self.after.record()
-            self.after.synchronize()
-            return self.start.elapsed_time(self.end), self.start.elapsed_time(self.after)
-
     nosync = NoSyncTimer()
-    nopad = NoPadTimer()
+    nopad = timing.Timer(pad_us=0)  # diagnostic: the method before the pad (host time may count)
     results = []
     t_start = time.time()
     with torch.no_grad():
