@@ -48,6 +48,7 @@ struct SearchFlags {
   bool quiet = false;
   bool json = false;
   std::string evaluator;
+  std::string python;
   std::string signature_file;
   std::string gpu_name;
   LlmFlags llm;
@@ -207,7 +208,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   // unless the user says otherwise. Without torch here (--signature), the GPU
   // node's evaluator still warns when it prepares the reference.
   if (!f.resume && f.signature_file.empty() && !f.allow_degenerate) {
-    auto warnings = CheckProblem(problem_file);
+    auto warnings = CheckProblem(problem_file, BridgeOptions{.python = f.python});
     if (!warnings.ok()) return ReportError(warnings.status());
     if (!warnings->empty()) {
       std::string why;
@@ -222,7 +223,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   // spends anything on the model.
   std::unique_ptr<CandidateEvaluator> evaluator;
   if (!f.generate_only) {
-    auto made = MakeSearchEvaluator(problem_file, {.spec = f.evaluator});
+    auto made = MakeSearchEvaluator(problem_file, {.spec = f.evaluator, .python = f.python});
     if (!made.ok()) return ReportError(made.status());
     evaluator = std::move(made->evaluator);
     // What the prompts say about the GPU is fixed when the search is created:
@@ -249,7 +250,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
       if (!parsed.ok()) return ReportError(parsed.status().WithContext(f.signature_file));
       sig = *parsed;
     } else {
-      auto loaded = LoadProblemSignature(problem_file);
+      auto loaded = LoadProblemSignature(problem_file, BridgeOptions{.python = f.python});
       if (!loaded.ok()) return ReportError(loaded.status());
       sig = *loaded;
     }
@@ -275,6 +276,7 @@ struct EvaluatePendingFlags {
   std::string db;
   int64_t search = 0;
   std::string evaluator;
+  std::string python;
   bool quiet = false;
   bool json = false;
 };
@@ -302,7 +304,7 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     if (!problem.ok()) return ReportError(problem.status());
     auto file = ProblemFileFor(*problem);
     if (!file.ok()) return ReportError(file.status());
-    auto evaluator = MakeEvaluator(*file, {.spec = f.evaluator});
+    auto evaluator = MakeEvaluator(*file, {.spec = f.evaluator, .python = f.python});
     if (!evaluator.ok()) return ReportError(evaluator.status());
     Orchestrator orch({.store = store->get(), .evaluator = evaluator->get(), .cancel = &g_interrupted},
                       [&](const SearchEvent& e) { progress(e); });
@@ -356,6 +358,7 @@ void RegisterSearchCommands(CLI::App& app) {
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
+  sub->add_option("--python", f->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
   sub->add_option("--signature", f->signature_file,
                   "the problem's signature as JSON instead of running the bridge (machines without torch)");
   sub->add_option("--gpu", f->gpu_name, "the GPU the prompts name (default: the evaluator's device)");
@@ -367,6 +370,7 @@ void RegisterSearchCommands(CLI::App& app) {
   ep->add_option("--db", ef->db, "lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
   ep->add_option("--search", ef->search, "only this search");
   ep->add_option("--evaluator", ef->evaluator, "gpu (default), or fake[:FILE] for tests");
+  ep->add_option("--python", ef->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
   ep->add_flag("--quiet", ef->quiet, "no live progress");
   ep->add_flag("--json", ef->json, "JSON lines on stdout");
   SetAction(ep, [ef] { return RunEvaluatePending(*ef); });

@@ -571,6 +571,23 @@ TEST(CliTest, HelpListsTheOptions) {
   SubprocessResult c = RunCli({"problem", "check", "--help"});
   EXPECT_EQ(c.exit_code, 0);
   EXPECT_THAT(c.out, HasSubstr("--device"));
+  for (const char* cmd : {"search", "evaluate-pending"}) {
+    SubprocessResult h = RunCli({cmd, "--help"});
+    EXPECT_EQ(h.exit_code, 0) << cmd;
+    EXPECT_THAT(h.out, HasSubstr("--python")) << cmd;
+  }
+}
+
+TEST(CliTest, SearchUsesThePythonItIsGiven) {
+  // An interpreter without torch: the search must fail on it, naming it,
+  // rather than quietly finding another python.
+  std::string db = ::testing::TempDir() + "/ks_python_flag_" + std::to_string(getpid()) + ".db";
+  SubprocessResult r = RunCli({"search", Fixture("matmul.py"), "--model", "command:cat", "--db", db, "--python",
+                               "/bin/false", "--quiet"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("/bin/false"));
+  EXPECT_THAT(r.err, HasSubstr("torch"));
+  std::filesystem::remove(db);
 }
 
 }  // namespace
