@@ -24,46 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "evaluator/compiler.h"
+#include "evaluator/problem.h"
 
 namespace {
 
-// The softmax_large seed (problems/seeds/softmax_large.cu) plus an fp16 variant,
-// with <cuda_fp16.h>: what a typical model-written candidate looks like (one
-// header, two kernels, shared-memory reductions, expf).
-constexpr const char* kDefaultSource = R"(#include <cuda_fp16.h>
-#define THREADS 256
-
-extern "C" __global__ void softmax_rows_naive(const float* __restrict__ x, float* __restrict__ out,
-                                              int rows, int cols) {
-  __shared__ float red[THREADS];
-  int row = blockIdx.x;
-  if (row >= rows) return;
-  const float* xr = x + (long long)row * cols;
-  float* yr = out + (long long)row * cols;
-  int t = threadIdx.x;
-  float m = -3.402823466e+38f;
-  for (int j = t; j < cols; j += THREADS) m = fmaxf(m, xr[j]);
-  red[t] = m;
-  __syncthreads();
-  for (int s = THREADS / 2; s > 0; s >>= 1) {
-    if (t < s) red[t] = fmaxf(red[t], red[t + s]);
-    __syncthreads();
-  }
-  m = red[0];
-  __syncthreads();
-  float sum = 0.0f;
-  for (int j = t; j < cols; j += THREADS) sum += expf(xr[j] - m);
-  red[t] = sum;
-  __syncthreads();
-  for (int s = THREADS / 2; s > 0; s >>= 1) {
-    if (t < s) red[t] += red[t + s];
-    __syncthreads();
-  }
-  float inv = 1.0f / red[0];
-  for (int j = t; j < cols; j += THREADS) yr[j] = expf(xr[j] - m) * inv;
-}
-
+// The built-in candidate: <cuda_fp16.h>, the softmax_large seed
+// (problems/seeds/softmax_large.cu, read from the data directory) and this fp16
+// variant: what a typical model-written candidate looks like (one header, two
+// kernels, shared-memory reductions, expf).
+constexpr const char* kHalfVariant = R"(
 extern "C" __global__ void softmax_rows_half(const __half* __restrict__ x, __half* __restrict__ out,
                                              int rows, int cols) {
   __shared__ float red[THREADS];
@@ -199,8 +170,17 @@ double MsSince(Clock::time_point t0) { return std::chrono::duration<double, std:
 int main(int argc, char** argv) {
   Args a = Parse(argc, argv);
 
-  std::string source = kDefaultSource, source_name = "built-in: softmax_large seed + fp16 variant, #include <cuda_fp16.h>";
-  if (!a.source_file.empty()) {
+  std::string source, source_name = "built-in: softmax_large seed + fp16 variant, #include <cuda_fp16.h>";
+  if (a.source_file.empty()) {
+    auto seed_path = ks::FindDataFile("problems/seeds/softmax_large.cu");
+    auto seed = seed_path.ok() ? ks::ReadFile(*seed_path) : ks::StatusOr<std::string>(seed_path.status());
+    if (!seed.ok()) {
+      std::fprintf(stderr, "bench_compile_time: the built-in candidate needs the softmax_large seed: %s\n",
+                   seed.status().message().c_str());
+      return 2;
+    }
+    source = "#include <cuda_fp16.h>\n" + *seed + kHalfVariant;
+  } else {
     std::ifstream f(a.source_file, std::ios::binary);
     if (!f) {
       std::fprintf(stderr, "bench_compile_time: cannot read --source %s\n", a.source_file.c_str());
