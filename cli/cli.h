@@ -28,6 +28,9 @@ using Action = std::function<int()>;
 // Registers `sub` so that its action runs when it was chosen on the command line.
 void SetAction(CLI::App* sub, Action action);
 
+// The --python option, the same on every command that runs the reference bridge.
+void AddPythonOption(CLI::App* sub, std::string* python);
+
 // Where bundled data lives (prompts/, problems/, evaluator/reference/): the source
 // tree for a build, share/kernelsearch for an installed binary, or KS_DATA_DIR.
 std::string DataDir();

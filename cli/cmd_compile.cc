@@ -113,7 +113,7 @@ void RegisterCompileCommand(CLI::App& app) {
   sub->add_option("--plan", a->plan, "Launch-plan JSON file")->check(CLI::ExistingFile);
   sub->add_option("--arch", a->arch, "Target architecture, e.g. sm_90 (default: the GPU's, else sm_90)");
   sub->add_option("--timeout", a->timeout_s, "Compile time limit in seconds")->capture_default_str();
-  sub->add_option("--python", a->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
+  AddPythonOption(sub, &a->python);
   sub->add_flag("--json", a->json, "Print JSON");
   sub->footer("Exit status: 0 compiled and the plan is valid, 1 compile error or invalid plan, 2 bad input.");
   SetAction(sub, [a] { return Run(*a); });

@@ -131,7 +131,7 @@ void RegisterEvalCommand(CLI::App& app) {
   sub->add_option("--sets", a->sets, "Input sets to check against")->capture_default_str()->check(CLI::Range(1, 16));
   sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")
       ->capture_default_str();
-  sub->add_option("--python", a->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
+  AddPythonOption(sub, &a->python);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");
   sub->add_flag("--json", a->json, "Print JSON (one line per candidate for a directory)");
   sub->footer("Exit status: 0 all correct, 1 some candidate not correct, 2 bad input, 3 no GPU / no torch.");

@@ -28,8 +28,7 @@ struct ProblemArgs {
 void AddCommonOptions(CLI::App* sub, ProblemArgs* a) {
   sub->add_option("file", a->file, "problem file (KernelBench format: Model, get_inputs, get_init_inputs)")
       ->required();
-  sub->add_option("--python", a->python, "python3 with torch (default: $KS_PYTHON, else the first of python3 "
-                                         "and /usr/bin/python3 that imports torch)");
+  AddPythonOption(sub, &a->python);
   sub->add_option("--timeout", a->timeout_s, "seconds the reference bridge may run")->capture_default_str();
   sub->add_flag("--json", a->json, "print JSON instead of a table");
   sub->add_flag("-v,--verbose", a->verbose, "include the problem's traceback in error messages");

@@ -358,7 +358,7 @@ void RegisterSearchCommands(CLI::App& app) {
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
-  sub->add_option("--python", f->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
+  AddPythonOption(sub, &f->python);
   sub->add_option("--signature", f->signature_file,
                   "the problem's signature as JSON instead of running the bridge (machines without torch)");
   sub->add_option("--gpu", f->gpu_name, "the GPU the prompts name (default: the evaluator's device)");
@@ -370,7 +370,7 @@ void RegisterSearchCommands(CLI::App& app) {
   ep->add_option("--db", ef->db, "lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
   ep->add_option("--search", ef->search, "only this search");
   ep->add_option("--evaluator", ef->evaluator, "gpu (default), or fake[:FILE] for tests");
-  ep->add_option("--python", ef->python, "Python interpreter with torch (default: $KS_PYTHON, python3, /usr/bin/python3)");
+  AddPythonOption(ep, &ef->python);
   ep->add_flag("--quiet", ef->quiet, "no live progress");
   ep->add_flag("--json", ef->json, "JSON lines on stdout");
   SetAction(ep, [ef] { return RunEvaluatePending(*ef); });

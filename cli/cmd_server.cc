@@ -82,7 +82,7 @@ void RegisterServeCommand(CLI::App& app) {
   sub->add_option("--tls-key", f->server.tls_key, "PEM private key for --tls-cert");
   sub->add_option("--db", f->server.db_path, "Lineage store (default server.db beside the CLI's lineage.db; the server resumes its unfinished searches)");
   sub->add_option("--evaluator", f->evaluator, "Evaluator: gpu (default) or fake[:CONFIG.json] for tests");
-  sub->add_option("--python", f->python, "python3 with torch for the reference bridge");
+  AddPythonOption(sub, &f->python);
   sub->add_option("--max-running", f->server.limits.max_running_searches, "Searches run at once")
       ->capture_default_str();
   sub->add_option("--max-queued", f->server.limits.max_queued_searches, "Searches waiting at most")

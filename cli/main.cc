@@ -17,6 +17,12 @@ std::map<CLI::App*, Action>& Actions() {
 
 void SetAction(CLI::App* sub, Action action) { Actions()[sub] = std::move(action); }
 
+void AddPythonOption(CLI::App* sub, std::string* python) {
+  sub->add_option("--python", *python,
+                  "python3 with torch for the reference bridge (default: $KS_PYTHON, else the first of python3 and "
+                  "/usr/bin/python3 that imports torch)");
+}
+
 int ReportError(const Status& s) {
   std::fprintf(stderr, "kernelsearch: %s\n", s.message().c_str());
   switch (s.code()) {
