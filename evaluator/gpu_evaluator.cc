@@ -31,11 +31,11 @@ constexpr uint8_t kGuardByte = 0xCD;
 
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// Comparison and integrity kernels of the trusted side. They read candidate
-// outputs and reference outputs, both in this process's context.
 // GPU time queued ahead of every run's start event (timing.py PAD_US, the same).
 constexpr uint64_t kTimingPadNs = 100000;
 
+// Comparison and integrity kernels of the trusted side. They read candidate
+// outputs and reference outputs, both in this process's context.
 constexpr const char* kHelperSource = R"CUDA(
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -584,11 +584,9 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
       d_->cuMemcpyDtoD(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
       std::string msg = "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
                         " 4-byte words changed, input set " + std::to_string(set) + ")";
-      if (r.status == EvalStatus::kCorrect) {
-        fail(EvalStatus::kIncorrect, msg);
-        input_named = true;
-      } else if (r.status == EvalStatus::kIncorrect && !input_named) {
-        r.message = msg + "; " + r.message;
+      if (!input_named && (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)) {
+        r.message = r.status == EvalStatus::kCorrect ? msg : msg + "; " + r.message;
+        r.status = EvalStatus::kIncorrect;
         input_named = true;
       }
     }
