@@ -49,6 +49,16 @@ void PrintEvaluation(const Evaluation& e) {
       std::printf("%-14s %4d %11.3g %11.3g %11.3g %11lld %11lld %10lld\n", o.name.c_str(), o.input_set, o.max_abs,
                   o.max_rel, o.rel_norm, static_cast<long long>(o.mismatches),
                   static_cast<long long>(o.first_mismatch), static_cast<long long>(o.unwritten));
+    // The norm rules beside the element-wise ones: how far inside its bounds each output is.
+    for (const auto& o : e.errors) {
+      if (o.rel_norm_bound <= 0) continue;
+      double share = o.considered ? static_cast<double>(o.large_errors) / o.considered : 0;
+      std::printf("%-14s rel norm %.3g of %.3g allowed (%.2g%%); relative error > %.3g on %lld of %lld "
+                  "non-tiny elements (%.3g%%, at most %.3g%%)\n",
+                  o.name.c_str(), o.rel_norm, o.rel_norm_bound, 100 * o.rel_norm / o.rel_norm_bound, o.large_rel,
+                  static_cast<long long>(o.large_errors), static_cast<long long>(o.considered), 100 * share,
+                  100 * o.large_share_cap);
+    }
   }
   if (!e.resources.empty()) {
     std::printf("\n%-28s %9s %12s %12s %13s\n", "kernel", "registers", "static smem", "stack frame", "spill st/ld");

@@ -203,6 +203,21 @@ std::vector<GlobalVar> ParsePtxGlobals(const std::string& ptx) {
   return out;
 }
 
+std::vector<std::string> ParsePtxExternFunctions(const std::string& ptx) {
+  std::vector<std::string> out;
+  static const std::regex kExtern(R"(\.extern\s+\.func\s*(?:\([^)]*\))?\s*([A-Za-z_$][A-Za-z0-9_$]*))");
+  for (auto it = std::sregex_iterator(ptx.begin(), ptx.end(), kExtern); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1]);
+  return out;
+}
+
+std::optional<std::string> DeviceHeapUse(const std::string& ptx) {
+  // new/delete and __nv_aligned_device_malloc come down to these in PTX.
+  for (const std::string& f : ParsePtxExternFunctions(ptx))
+    if (f == "malloc" || f == "free" || f.find("aligned_device_malloc") != std::string::npos) return f;
+  return std::nullopt;
+}
+
 void ParsePtxasResources(const std::string& log, std::vector<KernelInfo>* kernels) {
   std::istringstream in(log);
   std::string line, current;
@@ -343,6 +358,15 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
   KS_ASSIGN_OR_RETURN(res.kernels, ParsePtxEntries(res.ptx));
   res.globals = ParsePtxGlobals(res.ptx);
   ParsePtxasResources(res.log, &res.kernels);
+  // Refuses the device heap: it survives from run to run and is reset by
+  // nothing, so a kernel could keep its product there between runs.
+  if (auto f = DeviceHeapUse(res.ptx)) {
+    res.message = "device-side heap allocation is not allowed (the kernel calls " + *f +
+                  "; malloc, free, new and delete use the device heap, which keeps data between runs): "
+                  "declare the memory as scratch in the launch plan instead";
+    res.log += res.message + "\n";
+    return res;
+  }
   if (res.kernels.empty()) {
     res.message = "the source declares no __global__ kernel";
     return res;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,10 @@ Status CheckIncludes(const std::string& source, const std::vector<std::string>& 
 // Entry points and their parameter layouts, and module-scope .global variables.
 StatusOr<std::vector<KernelInfo>> ParsePtxEntries(const std::string& ptx);
 std::vector<GlobalVar> ParsePtxGlobals(const std::string& ptx);
+// Functions the PTX declares .extern (device runtime calls: malloc, free, vprintf).
+std::vector<std::string> ParsePtxExternFunctions(const std::string& ptx);
+// The device-heap function the PTX calls (malloc, free, ...), if any.
+std::optional<std::string> DeviceHeapUse(const std::string& ptx);
 // Fills registers / shared / stack / spill figures from `ptxas -v` lines in the log.
 void ParsePtxasResources(const std::string& log, std::vector<KernelInfo>* kernels);
 

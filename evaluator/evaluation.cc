@@ -64,7 +64,10 @@ json EvaluationToJson(const Evaluation& e) {
   for (const auto& o : e.errors)
     j["errors"].push_back({{"name", o.name}, {"max_abs", o.max_abs}, {"max_rel", o.max_rel}, {"rel_norm", o.rel_norm},
                            {"mismatches", o.mismatches}, {"first_mismatch", o.first_mismatch},
-                           {"unwritten", o.unwritten}, {"nan_mismatches", o.nan_mismatches}, {"input_set", o.input_set}});
+                           {"unwritten", o.unwritten}, {"nan_mismatches", o.nan_mismatches}, {"input_set", o.input_set},
+                           {"rel_norm_bound", o.rel_norm_bound}, {"considered", o.considered},
+                           {"large_errors", o.large_errors}, {"large_rel", o.large_rel},
+                           {"large_share_cap", o.large_share_cap}});
   j["timing"] = e.timing ? TimingToJson(*e.timing) : json(nullptr);
   j["eager"] = e.eager ? TimingToJson(*e.eager) : json(nullptr);
   j["compiled"] = e.compiled ? TimingToJson(*e.compiled) : json(nullptr);
@@ -117,6 +120,11 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
     oe.unwritten = o.value("unwritten", int64_t{0});
     oe.nan_mismatches = o.value("nan_mismatches", int64_t{0});
     oe.input_set = o.value("input_set", 0);
+    oe.rel_norm_bound = o.value("rel_norm_bound", 0.0);
+    oe.considered = o.value("considered", int64_t{0});
+    oe.large_errors = o.value("large_errors", int64_t{0});
+    oe.large_rel = o.value("large_rel", 0.0);
+    oe.large_share_cap = o.value("large_share_cap", 0.0);
     e.errors.push_back(oe);
   }
   if (j.contains("timing") && j["timing"].is_object()) e.timing = TimingFromJson(j["timing"]);

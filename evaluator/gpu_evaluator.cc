@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <regex>
 #include <thread>
 
 #include "common/base64.h"
@@ -43,7 +44,15 @@ struct Stats {
   unsigned long long mismatches, first, unwritten, nonfinite;
   double sum_sq_diff, sum_sq_ref;
   unsigned int max_abs_bits, max_rel_bits;
+  unsigned long long considered, large, hash;
 };
+// An order-independent hash of an output's bits: the sum of a mix of (index, bits).
+__device__ __forceinline__ unsigned long long Mix(unsigned long long i, unsigned long long b) {
+  unsigned long long z = (i * 0x9E3779B97F4A7C15ull) ^ (b + 0x632BE59BD9B4E019ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 __device__ __forceinline__ double Val(const float* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ double Val(const double* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ double Val(const __half* p, unsigned long long i) { return __half2float(p[i]); }
@@ -53,16 +62,19 @@ __device__ __forceinline__ double Val(const long long* p, unsigned long long i) 
 __device__ __forceinline__ double Val(const signed char* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ double Val(const unsigned char* p, unsigned long long i) { return p[i]; }
 
+// tiny: |ref| below it is not "considered" for the large-error share; large_rel:
+// the relative error that counts as large (Tolerance in evaluator/signature.h).
 template <typename T, typename B>
-__device__ void Compare(const T* out, const T* ref, unsigned long long n, double atol, double rtol, B poison,
-                        Stats* st) {
-  unsigned long long mism = 0, first = ~0ull, unw = 0, nonf = 0;
+__device__ void Compare(const T* out, const T* ref, unsigned long long n, double atol, double rtol, double tiny,
+                        double large_rel, B poison, Stats* st) {
+  unsigned long long mism = 0, first = ~0ull, unw = 0, nonf = 0, cons = 0, large = 0, hash = 0;
   double ssd = 0, ssr = 0;
   float mabs = 0.f, mrel = 0.f;
   const B* ob = reinterpret_cast<const B*>(out);
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x) {
     double o = Val(out, i), r = Val(ref, i);
+    hash += Mix(i, (unsigned long long)ob[i]);
     bool bad = false;
     if (ob[i] == poison) { ++unw; bad = true; }
     else if (isnan(r)) bad = !isnan(o);
@@ -75,6 +87,10 @@ __device__ void Compare(const T* out, const T* ref, unsigned long long n, double
       mabs = fmaxf(mabs, (float)d);
       mrel = fmaxf(mrel, (float)(d / fmax(fabs(r), 1e-30)));
       bad = d > atol + rtol * fabs(r);
+      if (fabs(r) >= tiny) {
+        ++cons;
+        if (d > large_rel * fabs(r)) ++large;
+      }
     }
     if (bad) { ++mism; if (i < first) first = i; }
   }
@@ -88,6 +104,9 @@ __device__ void Compare(const T* out, const T* ref, unsigned long long n, double
     ssr += __shfl_down_sync(0xffffffffu, ssr, off);
     mabs = fmaxf(mabs, __shfl_down_sync(0xffffffffu, mabs, off));
     mrel = fmaxf(mrel, __shfl_down_sync(0xffffffffu, mrel, off));
+    cons += __shfl_down_sync(0xffffffffu, cons, off);
+    large += __shfl_down_sync(0xffffffffu, large, off);
+    hash += __shfl_down_sync(0xffffffffu, hash, off);
   }
   if ((threadIdx.x & 31) == 0) {
     if (mism) atomicAdd(&st->mismatches, mism);
@@ -98,13 +117,16 @@ __device__ void Compare(const T* out, const T* ref, unsigned long long n, double
     atomicAdd(&st->sum_sq_ref, ssr);
     atomicMax(&st->max_abs_bits, __float_as_uint(mabs));
     atomicMax(&st->max_rel_bits, __float_as_uint(mrel));
+    if (cons) atomicAdd(&st->considered, cons);
+    if (large) atomicAdd(&st->large, large);
+    atomicAdd(&st->hash, hash);
   }
 }
 
 #define KS_CMP(name, T, B)                                                                                \
   extern "C" __global__ void name(const T* out, const T* ref, unsigned long long n, double atol, double rtol, \
-                                  unsigned long long poison, Stats* st) {                                 \
-    Compare<T, B>(out, ref, n, atol, rtol, (B)poison, st);                                                \
+                                  double tiny, double large_rel, unsigned long long poison, Stats* st) {  \
+    Compare<T, B>(out, ref, n, atol, rtol, tiny, large_rel, (B)poison, st);                               \
   }
 KS_CMP(cmp_f32, float, unsigned int)
 KS_CMP(cmp_f16, __half, unsigned short)
@@ -135,6 +157,16 @@ extern "C" __global__ void count_not_fill(const unsigned char* p, unsigned long 
   for (int off = 16; off > 0; off >>= 1) c += __shfl_down_sync(0xffffffffu, c, off);
   if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
 }
+// Shared-memory scrub (sent to the worker): launched before every run with one
+// block per SM holding the opt-in maximum, so nothing a kernel left in shared
+// memory survives into the next run.
+extern "C" __global__ void ks_scrub_shared(unsigned int v) {
+  extern __shared__ unsigned int smem[];
+  volatile unsigned int* p = smem;  // volatile: stores no one reads are still made
+  unsigned int bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  for (unsigned int i = threadIdx.x; i < bytes / 4; i += blockDim.x) p[i] = v ^ i;
+}
 // Timing pad (sent to the worker): spins one thread for `ns` of the GPU's
 // global timer, so that the host enqueues a run's launches while the GPU is
 // still busy ahead of the start event (see evaluator/reference/timing.py).
@@ -152,7 +184,15 @@ struct Stats {
   unsigned long long mismatches, first, unwritten, nonfinite;
   double sum_sq_diff, sum_sq_ref;
   unsigned int max_abs_bits, max_rel_bits;
+  unsigned long long considered, large, hash;
 };
+
+// Whether the PTX holds atomic or reduction instructions: such a kernel may
+// legitimately give bitwise different outputs from run to run.
+bool PtxUsesAtomics(const std::string& ptx) {
+  static const std::regex kAtomic(R"((^|[\s;{])(atom|red|multimem\.red|cp\.reduce)\.)");
+  return std::regex_search(ptx, kAtomic);
+}
 
 const char* kCmpNames[9] = {"cmp_f32", "cmp_f16", "cmp_bf16", "cmp_f64", "cmp_i32",
                             "cmp_i64", "cmp_i8",  "cmp_u8",   "cmp_bool"};
@@ -289,8 +329,11 @@ Status GpuEvaluator::Setup() {
     o.spec = &t;
     o.offset = off;
     o.bytes = t.bytes();
-    o.guard_offset = AlignUp(off + t.bytes());
-    off = o.guard_offset + kGuard;
+    // The guard starts at the output's last byte, not at the next aligned
+    // offset: alignment padding a kernel could keep state in is guard too.
+    o.guard_offset = off + t.bytes();
+    o.guard_bytes = AlignUp(o.guard_offset + kGuard) - o.guard_offset;
+    off = o.guard_offset + o.guard_bytes;
     outputs_.push_back(std::move(o));
   }
   KS_ASSIGN_OR_RETURN(arena_, DeviceBuffer::Alloc(off));
@@ -299,7 +342,7 @@ Status GpuEvaluator::Setup() {
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), 0, off), "cuMemsetD8"));
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), kGuardByte, kGuard), "cuMemsetD8"));
   for (const auto& o : outputs_)
-    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + o.guard_offset, kGuardByte, kGuard), "cuMemsetD8"));
+    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + o.guard_offset, kGuardByte, o.guard_bytes), "cuMemsetD8"));
   for (int s = 0; s < sets; ++s)
     for (const auto& slot : set_inputs_[s]) {
       KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(s, slot.name));
@@ -316,6 +359,8 @@ Status GpuEvaluator::Setup() {
       KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(s, o.spec->name));
       KS_RETURN_IF_ERROR(LoadTensor(path, b.get(), o.bytes));
       o.refs.push_back(std::move(b));
+      KS_ASSIGN_OR_RETURN(double ss, ReferenceSumSquares(o, s));
+      o.ref_rms.push_back(o.spec->numel() > 0 ? std::sqrt(ss / o.spec->numel()) : 0);
     }
   CUipcMemHandle h;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
@@ -392,6 +437,8 @@ Status GpuEvaluator::StartWorker() {
             {"l2_flush_bytes", std::max<int64_t>(2 * info_.l2_bytes, 64 << 20)},
             {"pad_cubin", Base64Encode(helpers_cubin_)},
             {"pad_ns", kTimingPadNs},
+            {"scrub_shared_bytes", info_.shared_per_block_optin},
+            {"sms", info_.multiprocessors},
             {"printf_fifo_bytes", 1 << 20},
             {"outputs", outs}};
   KS_RETURN_IF_ERROR(SendMessage(worker_.stdin_fd(), init));
@@ -402,6 +449,7 @@ Status GpuEvaluator::StartWorker() {
     worker_.Kill();
     return FailedPrecondition("the GPU worker did not start: " + why + (log.empty() ? "" : "\n" + log));
   }
+  worker_heap_bytes_ = (*reply).value("heap_bytes", uint64_t{0});
   worker_ready_ = true;
   return Status::Ok();
 }
@@ -457,25 +505,64 @@ StatusOr<uint64_t> GpuEvaluator::CountNotFill(CUdeviceptr p, uint64_t bytes, uin
   return result;
 }
 
-Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad) {
-  const TensorSpec& t = *o.spec;
+namespace {
+
+struct CompareArgs {
+  CUdeviceptr out, ref;
+  unsigned long long n;
+  double atol, rtol, tiny, large_rel;
+  uint64_t poison;
+};
+
+// One launch of a cmp_* helper over a whole output; the figures come back in `stats`.
+StatusOr<Stats> LaunchCompare(const CudaDriver* d, CUfunction fn, CUdeviceptr stats, unsigned max_grid, CompareArgs c) {
   Stats init{};
   init.first = ~0ull;
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyHtoD(stats_.get(), &init, sizeof init), "cuMemcpyHtoD"));
-  Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
-  PoisonPattern p;
-  uint64_t poison;
-  PoisonFor(t.dtype, &p, &poison);
-  CUdeviceptr out = arena_.get() + o.offset, ref = o.refs[set].get(), st = stats_.get();
-  unsigned long long n = static_cast<unsigned long long>(t.numel());
-  double atol = tol.atol, rtol = tol.rtol;
-  unsigned long long pz = poison;
-  void* args[] = {&out, &ref, &n, &atol, &rtol, &pz, &st};
-  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, info_.multiprocessors * 8));
-  KS_RETURN_IF_ERROR(d_->Check(
-      d_->cuLaunchKernel(cmp_fn_[static_cast<int>(t.dtype)], grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "compare"));
+  KS_RETURN_IF_ERROR(d->Check(d->cuMemcpyHtoD(stats, &init, sizeof init), "cuMemcpyHtoD"));
+  unsigned long long poison = c.poison;
+  void* args[] = {&c.out, &c.ref, &c.n, &c.atol, &c.rtol, &c.tiny, &c.large_rel, &poison, &stats};
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((c.n + 255) / 256, 1, max_grid));
+  KS_RETURN_IF_ERROR(d->Check(d->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "compare"));
   Stats s;
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(&s, stats_.get(), sizeof s), "cuMemcpyDtoH"));
+  KS_RETURN_IF_ERROR(d->Check(d->cuMemcpyDtoH(&s, stats, sizeof s), "cuMemcpyDtoH"));
+  return s;
+}
+
+// The norm rules of Tolerance beside the element-wise one.
+bool NormRuleBroken(const OutputError& e) {
+  if (e.rel_norm_bound <= 0) return false;
+  return e.rel_norm > e.rel_norm_bound ||
+         (e.considered > 0 && static_cast<double>(e.large_errors) > e.large_share_cap * e.considered);
+}
+
+}  // namespace
+
+StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set) {
+  // The reference against itself: the sum of squares of its finite values.
+  CompareArgs a{o.refs[set].get(), o.refs[set].get(), static_cast<unsigned long long>(o.spec->numel()), 0, 0,
+                INFINITY, 0, 0};
+  PoisonPattern p;
+  PoisonFor(o.spec->dtype, &p, &a.poison);
+  KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(o.spec->dtype)], stats_.get(),
+                                             info_.multiprocessors * 8, a));
+  return s.sum_sq_ref;
+}
+
+Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash) {
+  const TensorSpec& t = *o.spec;
+  Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
+  CompareArgs a{arena_.get() + o.offset, o.refs[set].get(), static_cast<unsigned long long>(t.numel()), tol.atol,
+                tol.rtol, INFINITY, 0, 0};
+  if (tol.large_rel > 0) {
+    // "Not tiny": at least 1% of the output's RMS, so an honest kernel's
+    // rounding (relative to the RMS) never makes a large relative error.
+    a.tiny = std::max(0.01 * o.ref_rms[set], std::numeric_limits<double>::min());
+    a.large_rel = tol.large_rel;
+  }
+  PoisonPattern p;
+  PoisonFor(t.dtype, &p, &a.poison);
+  KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(t.dtype)], stats_.get(),
+                                             info_.multiprocessors * 8, a));
   float mabs, mrel;
   std::memcpy(&mabs, &s.max_abs_bits, 4);
   std::memcpy(&mrel, &s.max_rel_bits, 4);
@@ -488,7 +575,13 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
   err->first_mismatch = s.first == ~0ull ? -1 : static_cast<int64_t>(s.first);
   err->unwritten = static_cast<int64_t>(s.unwritten);
   err->nan_mismatches = static_cast<int64_t>(s.nonfinite);
-  *bad = s.mismatches > 0;
+  err->rel_norm_bound = tol.rel_norm;
+  err->considered = static_cast<int64_t>(s.considered);
+  err->large_errors = static_cast<int64_t>(s.large);
+  err->large_rel = tol.large_rel;
+  err->large_share_cap = tol.large_share;
+  *hash = s.hash;
+  *bad = s.mismatches > 0 || NormRuleBroken(*err);
   return Status::Ok();
 }
 
@@ -547,9 +640,27 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
   for (auto& o : outputs_) {
     OutputError e;
     bool bad = false;
-    if (Status s = CompareOutput(o, set, &e, &bad); !s.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
+    uint64_t hash = 0;
+    if (Status s = CompareOutput(o, set, &e, &bad, &hash); !s.ok())
+      return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
     r.errors.push_back(e);
-    if (bad && r.status == EvalStatus::kCorrect) {
+    r.hashes.push_back(hash);
+    if (bad && r.status == EvalStatus::kCorrect && e.mismatches == 0) {
+      // Within the element-wise tolerance, but not within the norm rules.
+      const TensorSpec& t = *o.spec;
+      std::string msg = "output '" + t.name + "', input set " + std::to_string(set) + ": ";
+      if (e.rel_norm > e.rel_norm_bound)
+        msg += "relative error norm ||out - ref|| / ||ref|| = " + Num(e.rel_norm) + " exceeds " + Num(e.rel_norm_bound) +
+               " for " + DTypeName(t.dtype);
+      else
+        msg += std::to_string(e.large_errors) + " of " + std::to_string(e.considered) +
+               " elements that are not tiny (|ref| >= 1% of the RMS) have a relative error above " + Num(e.large_rel) +
+               " (at most " + Num(100 * e.large_share_cap) + "% may)";
+      msg += " although every element is within atol/rtol: is it computed in a lower precision, or are small "
+             "outputs skipped?";
+      r.status = EvalStatus::kIncorrect;
+      r.message = msg;
+    } else if (bad && r.status == EvalStatus::kCorrect) {
       const TensorSpec& t = *o.spec;
       Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
       std::string msg = "output '" + t.name + "', input set " + std::to_string(set) + ": " + std::to_string(e.mismatches) +
@@ -592,16 +703,17 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
     }
   }
   // Guards around outputs: a write past an output's end is a memory error.
-  auto check_guard = [&](uint64_t off, const std::string& what) {
-    auto n = CountNotFill(arena_.get() + off, kGuard, kGuardByte);
+  auto check_guard = [&](uint64_t off, uint64_t bytes, const std::string& what) {
+    auto n = CountNotFill(arena_.get() + off, bytes, kGuardByte);
     if (n.ok() && *n) {
-      d_->cuMemsetD8(arena_.get() + off, kGuardByte, kGuard);
+      d_->cuMemsetD8(arena_.get() + off, kGuardByte, bytes);
       if (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)
         fail(EvalStatus::kRuntimeError, "wrote " + std::to_string(*n) + " bytes " + what);
     }
   };
-  check_guard(0, "before the start of its buffers");
-  for (const auto& o : outputs_) check_guard(o.guard_offset, "past the end of output '" + o.spec->name + "'");
+  check_guard(0, kGuard, "before the start of its buffers");
+  for (const auto& o : outputs_)
+    check_guard(o.guard_offset, o.guard_bytes, "past the end of output '" + o.spec->name + "' (its alignment padding included)");
   return r;
 }
 
@@ -702,10 +814,32 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
       if (!ReceiveMessage(worker_.stdout_fd(), 30).ok()) StopWorker("unload failed");
     }
   };
+  // Repeated runs on one input set must give the same bits (stops races that
+  // pass only sometimes, and answers that depend on timing), unless the
+  // kernel uses atomics, whose order may vary: then the tolerance alone holds.
+  const bool atomics = PtxUsesAtomics(compiled.ptx);
+  std::vector<std::vector<std::optional<uint64_t>>> first_bits(sets, std::vector<std::optional<uint64_t>>(outputs_.size()));
+  auto run = [&](int set) {
+    RunResult r = RunOnce(set);
+    if (r.status != EvalStatus::kCorrect) return r;
+    for (size_t i = 0; i < outputs_.size() && i < r.hashes.size(); ++i) {
+      auto& seen = first_bits[set][i];
+      if (!seen) {
+        seen = r.hashes[i];
+      } else if (*seen != r.hashes[i] && !atomics) {
+        r.status = EvalStatus::kIncorrect;
+        r.message = "output '" + outputs_[i].spec->name + "' differs bit for bit between two runs on input set " +
+                    std::to_string(set) + " although the kernel uses no atomics: a race, a read of memory " +
+                    "nothing wrote, or a result that depends on timing";
+        break;
+      }
+    }
+    return r;
+  };
   // Correctness on every input set first.
   std::vector<double> first_ms;
   for (int s = 0; s < sets; ++s) {
-    RunResult r = RunOnce(s);
+    RunResult r = run(s);
     keep_worst(r.errors);
     if (r.status != EvalStatus::kCorrect) {
       take_errors();
@@ -725,7 +859,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   int run_index = 0;
   auto phase_start = Clock::now();
   for (int w = 0; w < 3 || warm_total < opts_.warmup_ms; ++w) {
-    RunResult r = RunOnce(run_index++ % sets);
+    RunResult r = run(run_index++ % sets);
     keep_worst(r.errors);
     if (r.status != EvalStatus::kCorrect) {
       take_errors();
@@ -742,7 +876,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   n = std::clamp(n, opts_.min_timed_runs, opts_.max_timed_runs);
   std::vector<double> ms, ms_device;
   for (int i = 0; i < n; ++i) {
-    RunResult r = RunOnce(run_index++ % sets);
+    RunResult r = run(run_index++ % sets);
     keep_worst(r.errors);
     if (r.status != EvalStatus::kCorrect) {
       take_errors();
@@ -758,6 +892,15 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   }
   unload();
   take_errors();
+  // Every input set, not only the one each run read: a run must not plant
+  // data in another set's buffers (or their padding) for a later run to find.
+  if (auto diff = CountDiffWords(arena_.get(), pristine_.get(), inputs_end_); !diff.ok()) {
+    return finish(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
+  } else if (*diff) {
+    d_->cuMemcpyDtoD(arena_.get(), pristine_.get(), inputs_end_);
+    return finish(EvalStatus::kIncorrect, "the candidate modified " + std::to_string(*diff) +
+                                              " 4-byte words of the input buffers (another input set's, or padding)");
+  }
   // As timing.py: the on-stream series, unless work consistently outlived the stream.
   constexpr double kSyncSlackMs = 0.1;
   double on_stream = Summarize(ms).median_ms, device_wide = Summarize(ms_device).median_ms;

@@ -66,6 +66,8 @@ class GpuEvaluator : public CandidateEvaluator {
   // An error leaves the roofline with its bandwidth floor only.
   StatusOr<DevicePeaks> Peaks();
   int worker_restarts() const { return worker_restarts_; }
+  // The device malloc heap the worker's context was left with (as small as the driver allows).
+  uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
   int sets() const { return static_cast<int>(ref_.sets.size()); }
 
  private:
@@ -78,8 +80,10 @@ class GpuEvaluator : public CandidateEvaluator {
     const TensorSpec* spec = nullptr;
     uint64_t offset = 0;
     uint64_t bytes = 0;
-    uint64_t guard_offset = 0;
+    uint64_t guard_offset = 0;       // right after the last byte: alignment padding is guard too
+    uint64_t guard_bytes = 0;
     std::vector<DeviceBuffer> refs;  // one per input set; trusted memory only
+    std::vector<double> ref_rms;     // per input set: RMS of the finite reference values
   };
   struct RunResult {
     EvalStatus status = EvalStatus::kCorrect;
@@ -87,6 +91,7 @@ class GpuEvaluator : public CandidateEvaluator {
     double ms = 0;         // start to the end event on the stream
     double ms_device = 0;  // start to an event after a device-wide sync
     std::vector<OutputError> errors;
+    std::vector<uint64_t> hashes;  // per output: a hash of its bits after this run
   };
 
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
@@ -97,7 +102,9 @@ class GpuEvaluator : public CandidateEvaluator {
   std::string TakeWorkerLog();
   RunResult RunOnce(int set);
   double RunTimeout() const;
-  Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad);
+  Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash);
+  // Sum of squares of the finite values of a reference output (n elements).
+  StatusOr<double> ReferenceSumSquares(const OutputSlot& o, int set);
   StatusOr<uint64_t> CountDiffWords(CUdeviceptr a, CUdeviceptr b, uint64_t bytes);
   StatusOr<uint64_t> CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill);
   Status MeasureBandwidth();
@@ -124,6 +131,7 @@ class GpuEvaluator : public CandidateEvaluator {
   double bandwidth_gbps_ = 0;
   std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
   int worker_restarts_ = 0;
+  uint64_t worker_heap_bytes_ = 0;
 };
 
 }  // namespace ks

@@ -237,12 +237,15 @@ StatusOr<Signature> LoadProblemSignature(const std::string& file, const BridgeOp
 }
 
 StatusOr<std::vector<std::string>> CheckProblem(const std::string& file, const BridgeOptions& opts,
-                                                const std::string& device, uint64_t seed) {
+                                                const std::string& device, uint64_t seed,
+                                                std::vector<std::string>* notes) {
   KS_ASSIGN_OR_RETURN(json j, RunBridge(file, {"check", file, "--device", device, "--seed", std::to_string(seed)}, opts));
   if (!j.contains("warnings") || !j["warnings"].is_array())
     return Internal(file + ": the reference bridge's check answer has no warnings list");
   std::vector<std::string> out;
   for (const auto& w : j["warnings"]) out.push_back(w.get<std::string>());
+  if (notes && j.contains("notes") && j["notes"].is_array())
+    for (const auto& n : j["notes"]) notes->push_back(n.get<std::string>());
   return out;
 }
 

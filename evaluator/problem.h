@@ -62,8 +62,11 @@ StatusOr<Signature> LoadProblemSignature(const std::string& file, const BridgeOp
 // Warnings about outputs that would let a wrong kernel pass (all zeros,
 // constant, identical across input sets, NaN/Inf), from `bridge.py check`
 // (two input sets on `device`: "auto", "cuda" or "cpu"). Empty when none.
+// `notes`, when given, receives what is not a refusal but weakens the test:
+// outputs mostly within atol of zero (with the share), almost constant outputs.
 StatusOr<std::vector<std::string>> CheckProblem(const std::string& file, const BridgeOptions& opts = {},
-                                                const std::string& device = "auto", uint64_t seed = 42);
+                                                const std::string& device = "auto", uint64_t seed = 42,
+                                                std::vector<std::string>* notes = nullptr);
 
 // ---- Reference data ---------------------------------------------------------------
 

@@ -34,10 +34,28 @@ struct TensorSpec {
   int64_t bytes() const { return numel() * static_cast<int64_t>(DTypeSize(dtype)); }
 };
 
+// How close a candidate's output must be to the reference (DESIGN.md,
+// "Evaluator rules"). Every test must hold:
+//  - element-wise: |out - ref| <= atol + rtol * |ref| (allclose);
+//  - relative norm: ||out - ref|| / ||ref|| <= rel_norm. Stops outputs smaller
+//    than atol from being garbage (a half-precision softmax passes allclose
+//    with 100% relative error on its small elements, not this);
+//  - large errors: among the elements whose |ref| is at least 1% of the
+//    output's RMS, the share with a relative error above large_rel is at most
+//    large_share. Stops "skip the work where the output is small".
+// rel_norm, large_rel and large_share are 0 where they do not apply (integer
+// and bool outputs compare exactly). In a problem's TOLERANCE, a field left
+// out (0 here) takes the rule in Signature::ToleranceFor.
 struct Tolerance {
   double atol = 0;
   double rtol = 0;
+  double rel_norm = 0;
+  double large_rel = 0;
+  double large_share = 0;
 };
+
+// The defaults for an output of dtype d, before a problem's TOLERANCE.
+Tolerance DefaultTolerance(DType d);
 
 struct Signature {
   std::string file;         // the problem file as given
@@ -53,7 +71,9 @@ struct Signature {
   const TensorSpec* Find(const std::string& name) const;
   // Bytes that must move: every input and parameter read once, every output written once.
   int64_t MinimumBytes() const;
-  // The tolerance to apply to an output: the problem's, else the dtype default.
+  // The tolerance to apply to an output: the dtype's defaults, with the
+  // problem's TOLERANCE over them (see signature.cc for how a looser rtol
+  // loosens the norm bounds).
   Tolerance ToleranceFor(DType output_dtype) const;
 };
 

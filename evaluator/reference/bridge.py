@@ -43,6 +43,11 @@ SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64
 # Per-dtype defaults, the same as Signature::ToleranceFor in evaluator/signature.cc:
 # the degenerate check asks "would a wrong kernel pass?", so it must use the
 # tolerance the evaluator will use.
+# atol/rtol are element-wise; rel_norm, large_rel and large_share bound the
+# relative norm of the error and the share of large relative errors (see
+# Tolerance in evaluator/signature.h). Absent keys take the evaluator's rule.
+TOLERANCE_KEYS = ("atol", "rtol", "rel_norm", "large_rel", "large_share")
+
 DEFAULT_TOLERANCE = {
     "float16": (1e-2, 1e-2),
     "bfloat16": (2e-2, 2e-2),
@@ -160,12 +165,12 @@ class Problem:
         m = self.module
         tol = getattr(m, "TOLERANCE", None)
         if tol is not None:
-            ok = isinstance(tol, dict) and set(tol) <= {"atol", "rtol"} and tol and all(
+            ok = isinstance(tol, dict) and set(tol) <= set(TOLERANCE_KEYS) and tol and all(
                 isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
                 for v in tol.values())
             if not ok:
                 raise self.fail("bad_metadata", "TOLERANCE must be a dict like {'atol': 1e-4, 'rtol': 1e-4} "
-                                "with non-negative numbers, got %r" % (tol,))
+                                "with non-negative numbers (keys: %s), got %r" % (", ".join(TOLERANCE_KEYS), tol))
         flops = getattr(m, "FLOPS", None)
         if flops is not None and (isinstance(flops, bool) or not isinstance(flops, numbers.Real)
                                   or not math.isfinite(flops) or flops < 0):
@@ -179,7 +184,10 @@ class Problem:
         tol = getattr(self.module, "TOLERANCE", None)
         if tol is None:
             return None
-        return {"atol": float(tol.get("atol", 0.0)), "rtol": float(tol.get("rtol", 0.0))}
+        out = {k: float(v) for k, v in tol.items()}  # checked by _check_metadata
+        out.setdefault("atol", 0.0)
+        out.setdefault("rtol", 0.0)
+        return out
 
     @property
     def flops(self):
@@ -474,7 +482,7 @@ def output_stats(t, atol, rtol):
     import torch
     flat = t.detach().reshape(-1)
     st = {"numel": flat.numel(), "nan": 0, "inf": 0, "min": None, "max": None, "absmax": 0.0, "zero_ok": 0,
-          "zeros": 0}
+          "zeros": 0, "finite": 0, "sum": 0.0, "sumsq": 0.0}
     floating = flat.is_floating_point()
     for i in range(0, flat.numel(), CHUNK_ELEMENTS):
         c = flat[i:i + CHUNK_ELEMENTS]
@@ -495,7 +503,11 @@ def output_stats(t, atol, rtol):
                 # |0 - ref| <= atol + rtol * |ref|: the evaluator's test for a zeros output.
                 st["zero_ok"] += int((a <= atol + rtol * a).sum())
                 st["zeros"] += int((a == 0).sum())
-                del a
+                d = c.double()
+                st["finite"] += c.numel()
+                st["sum"] += float(d.sum())
+                st["sumsq"] += float((d * d).sum())
+                del a, d
             else:
                 continue
         else:
@@ -536,6 +548,31 @@ def degenerate_reasons(name, st, atol, rtol):
             reasons.append(("constant", "output '%s' is constant (every element %.6g): a kernel that writes one "
                             "value would pass" % (name, st["min"])))
     return reasons
+
+
+def near_degenerate_notes(name, st):
+    """(key, message) pairs for an output the element-wise tolerance barely tests.
+
+    Not refusals: a wide softmax is mostly below atol and still a fair problem,
+    because the relative-norm bound and the large-error cap (evaluator/signature.h)
+    constrain those elements. The share tells a user how much rests on them.
+    """
+    n, notes = st["numel"], []
+    if n == 0 or st["finite"] == 0:
+        return notes
+    share = st["zero_ok"] / n
+    if 0.5 <= share < 1.0:
+        notes.append(("small", "output '%s': %.1f%% of elements are within the element-wise tolerance of zero, "
+                      "which does not constrain them (zeros there pass atol/rtol); only the relative-norm bound "
+                      "and the large-error cap do" % (name, 100.0 * share)))
+    mean = st["sum"] / st["finite"]
+    rms = math.sqrt(st["sumsq"] / st["finite"])
+    if st["finite"] > 1 and rms > 0:
+        spread = math.sqrt(max(st["sumsq"] / st["finite"] - mean * mean, 0.0)) / rms
+        if spread < 1e-2 and st["max"] != st["min"]:
+            notes.append(("almost_constant", "output '%s' is almost constant (std / RMS = %.2g): a kernel that "
+                          "writes its mean, %.6g, has a relative error norm of %.2g" % (name, spread, mean, spread)))
+    return notes
 
 
 class WarningLog:
@@ -596,6 +633,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
             files_params[k] = rel
 
     warnings = WarningLog()
+    notes = WarningLog()
     sig_inputs = sig_outputs = None
     scalars = {}
     manifest_sets = []
@@ -637,8 +675,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         ohashes = []
         for (name, t), spec in zip(outputs, ospecs):
             atol, rtol = _tolerance_for(problem, spec["dtype"])
-            for key, msg in degenerate_reasons(name, output_stats(t, atol, rtol), atol, rtol):
+            st = output_stats(t, atol, rtol)
+            for key, msg in degenerate_reasons(name, st, atol, rtol):
                 warnings.add((name, key), msg, i)
+            for key, msg in near_degenerate_notes(name, st):
+                notes.add((name, key), msg, i)
             path = os.path.join(set_dir, name + ".bin") if set_dir else None
             ohashes.append(store_tensor(t, path))
             if path:
@@ -682,6 +723,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         "sets": manifest_sets,
         "timing": timing,
         "warnings": warnings.messages(sets),
+        "notes": notes.messages(sets),
         "scalars": scalars,
     }
     return manifest
@@ -708,7 +750,7 @@ def cmd_reference(problem, args):
 
 def cmd_check(problem, args):
     manifest = run_reference(problem, None, max(args.sets, 2), args.seed, args.device, False)
-    return {"warnings": manifest["warnings"]}
+    return {"warnings": manifest["warnings"], "notes": manifest["notes"]}
 
 
 def cmd_peaks(args):

@@ -93,6 +93,14 @@ class Worker {
     ctx_ = std::move(*ctx);
     // Device printf is captured in the worker's log; a capped FIFO bounds a flood.
     d_->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, req.value("printf_fifo_bytes", size_t{1} << 20));
+    // The device heap outlives a run, so a kernel could keep results in it.
+    // The compiler refuses malloc/free/new (evaluator/compiler.cc); as a
+    // second wall the heap is made as small as the driver allows, before any
+    // module is loaded.
+    size_t heap = 0;
+    for (size_t want : {size_t{0}, size_t{1}, size_t{4096}})
+      if (d_->cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, want) == CUDA_SUCCESS) break;
+    if (d_->cuCtxGetLimit(&heap, CU_LIMIT_MALLOC_HEAP_SIZE) != CUDA_SUCCESS) heap = SIZE_MAX;
     auto handle = Base64Decode(req.value("ipc", ""));
     if (!handle.ok() || handle->size() != sizeof(CUipcMemHandle)) return Fail("internal", "bad IPC handle");
     CUipcMemHandle h;
@@ -117,9 +125,20 @@ class Worker {
       if (!m.ok()) return Fail("internal", "loading the timing pad: " + m.status().message());
       auto f = m->Function("ks_timing_pad");
       if (!f.ok()) return Fail("internal", f.status().message());
+      auto scrub = m->Function("ks_scrub_shared");
+      if (!scrub.ok()) return Fail("internal", scrub.status().message());
       pad_module_ = std::move(*m);
       pad_fn_ = *f;
       pad_ns_ = req.value("pad_ns", uint64_t{0});
+      // Shared memory is not cleared between launches: one block per SM that
+      // holds the opt-in maximum overwrites all of it before every run.
+      scrub_bytes_ = req.value("scrub_shared_bytes", 0u);
+      scrub_blocks_ = req.value("sms", 0u);
+      if (scrub_bytes_ && scrub_blocks_) {
+        CUresult r = d_->cuFuncSetAttribute(*scrub, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, scrub_bytes_);
+        if (r != CUDA_SUCCESS) return Fail("internal", "shared-memory scrub: " + d_->ErrorName(r));
+        scrub_fn_ = *scrub;
+      }
     }
     auto e0 = Event::Create();
     auto e1 = Event::Create();
@@ -130,7 +149,7 @@ class Worker {
     after_ = std::move(*e2);
     CUdevice dev = ctx_.device();
     auto info = QueryDevice(dev);
-    return {{"ok", true}, {"device", info.ok() ? info->name : "?"}, {"pid", getpid()}};
+    return {{"ok", true}, {"device", info.ok() ? info->name : "?"}, {"pid", getpid()}, {"heap_bytes", heap}};
   }
 
   json Load(const json& req) {
@@ -210,7 +229,11 @@ class Worker {
       if (!g.bytes.empty() && d_->cuMemcpyHtoD(g.ptr, g.bytes.data(), g.bytes.size()) != CUDA_SUCCESS)
         return Sticky("restoring globals");
     for (size_t i = 0; i < c.scratch.size(); ++i) {
-      if (d_->cuMemsetD32(c.scratch[i].get() + kGuardBytes, kScratchFill, c.scratch_bytes[i] / 4) != CUDA_SUCCESS)
+      CUdeviceptr p = c.scratch[i].get() + kGuardBytes;
+      size_t words = c.scratch_bytes[i] / 4, tail = c.scratch_bytes[i] % 4;
+      // The tail bytes too: a scratch size that is not a multiple of 4 must not leave bytes that keep state.
+      if (d_->cuMemsetD32(p, kScratchFill, words) != CUDA_SUCCESS ||
+          (tail && d_->cuMemsetD8(p + 4 * words, kScratchFill & 0xFF, tail) != CUDA_SUCCESS))
         return Sticky("filling scratch");
     }
     for (const auto& o : outputs_) {
@@ -225,6 +248,14 @@ class Worker {
     // queue behind the flush and the pad, so launch latency hides behind them
     // on both sides.
     if (flush_.get()) d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(++runs_), flush_.bytes() / 4);
+    if (scrub_fn_) {
+      uint32_t v = static_cast<uint32_t>(runs_ * 0x9E3779B9u);
+      void* scrub_args[] = {&v};
+      if (CUresult r = d_->cuLaunchKernel(scrub_fn_, scrub_blocks_, 1, 1, 1024, 1, 1, scrub_bytes_, nullptr, scrub_args,
+                                          nullptr);
+          r != CUDA_SUCCESS)
+        return Sticky("scrubbing shared memory", r);
+    }
     if (pad_fn_) {
       void* pad_args[] = {&pad_ns_};
       if (CUresult r = d_->cuLaunchKernel(pad_fn_, 1, 1, 1, 32, 1, 1, 0, nullptr, pad_args, nullptr); r != CUDA_SUCCESS)
@@ -335,6 +366,8 @@ class Worker {
   Module pad_module_;
   CUfunction pad_fn_ = nullptr;
   uint64_t pad_ns_ = 0;
+  CUfunction scrub_fn_ = nullptr;
+  unsigned scrub_bytes_ = 0, scrub_blocks_ = 0;
   Event start_, end_, after_;
   std::optional<Candidate> cand_;
   uint64_t runs_ = 0;
