@@ -212,10 +212,16 @@ std::vector<std::string> ParsePtxExternFunctions(const std::string& ptx) {
 }
 
 std::optional<std::string> DeviceHeapUse(const std::string& ptx) {
-  // new/delete and __nv_aligned_device_malloc come down to these in PTX.
+  // new/delete come down to malloc/free in PTX; __nv_aligned_device_malloc to
+  // __cuda_syscall_aligned_malloc.
   for (const std::string& f : ParsePtxExternFunctions(ptx))
-    if (f == "malloc" || f == "free" || f.find("aligned_device_malloc") != std::string::npos) return f;
+    if (f == "malloc" || f == "free" || f.find("aligned_malloc") != std::string::npos) return f;
   return std::nullopt;
+}
+
+bool PtxUsesAtomics(const std::string& ptx) {
+  static const std::regex kAtomic(R"((^|[\s;{])(atom|red|multimem\.red|cp\.reduce)\.)");
+  return std::regex_search(ptx, kAtomic);
 }
 
 void ParsePtxasResources(const std::string& log, std::vector<KernelInfo>* kernels) {

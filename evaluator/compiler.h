@@ -73,6 +73,9 @@ std::vector<GlobalVar> ParsePtxGlobals(const std::string& ptx);
 std::vector<std::string> ParsePtxExternFunctions(const std::string& ptx);
 // The device-heap function the PTX calls (malloc, free, ...), if any.
 std::optional<std::string> DeviceHeapUse(const std::string& ptx);
+// Whether the PTX holds atomic or reduction instructions: such a kernel may
+// legitimately give bitwise different outputs from run to run.
+bool PtxUsesAtomics(const std::string& ptx);
 // Fills registers / shared / stack / spill figures from `ptxas -v` lines in the log.
 void ParsePtxasResources(const std::string& log, std::vector<KernelInfo>* kernels);
 

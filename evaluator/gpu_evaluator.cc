@@ -10,7 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <future>
-#include <regex>
 #include <thread>
 
 #include "common/base64.h"
@@ -186,13 +185,6 @@ struct Stats {
   unsigned int max_abs_bits, max_rel_bits;
   unsigned long long considered, large, hash;
 };
-
-// Whether the PTX holds atomic or reduction instructions: such a kernel may
-// legitimately give bitwise different outputs from run to run.
-bool PtxUsesAtomics(const std::string& ptx) {
-  static const std::regex kAtomic(R"((^|[\s;{])(atom|red|multimem\.red|cp\.reduce)\.)");
-  return std::regex_search(ptx, kAtomic);
-}
 
 const char* kCmpNames[9] = {"cmp_f32", "cmp_f16", "cmp_bf16", "cmp_f64", "cmp_i32",
                             "cmp_i64", "cmp_i8",  "cmp_u8",   "cmp_bool"};

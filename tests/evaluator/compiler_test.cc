@@ -192,5 +192,43 @@ TEST(PtxParseTest, StructParametersAndNoParameters) {
   EXPECT_TRUE((*k)[1].params.empty());
 }
 
+// Issue 14: the device heap survives from run to run and nothing resets it, so
+// any use of it is refused at compile time, with the function named.
+TEST(CompilerTest, DeviceHeapUseIsRefusedWithMallocNamed) {
+  const char* kinds[] = {
+      "float* p = (float*)malloc(64); if (p) { p[0] = x[i]; out[i] = p[0]; free(p); }",
+      "float* p = new float[16]; p[0] = x[i]; out[i] = p[0]; delete[] p;",
+      "void* p = __nv_aligned_device_malloc(64, 16); out[i] = p ? x[i] : 0.f;",
+  };
+  for (const char* body : kinds) {
+    std::string src = std::string("extern \"C\" __global__ void k(const float* x, float* out) {\n"
+                                  "  int i = threadIdx.x;\n  ") + body + "\n}\n";
+    auto r = CompileCandidate(src, Opts());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->ok) << body;
+    EXPECT_THAT(r->message, HasSubstr("device-side heap allocation is not allowed")) << body;
+    EXPECT_THAT(r->message, ::testing::AnyOf(HasSubstr("calls malloc"), HasSubstr("calls __cuda_syscall_aligned_malloc"),
+                                             HasSubstr("calls free")))
+        << r->message;
+  }
+  // printf also goes through an .extern function (vprintf): that one is fine.
+  auto ok = CompileCandidate("extern \"C\" __global__ void k(float* out) { printf(\"%d\\n\", 1); out[0] = 1.f; }",
+                             Opts());
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->ok) << ok->message;
+}
+
+TEST(CompilerTest, AtomicsAreSeenInThePtx) {
+  auto with = CompileCandidate(
+      "extern \"C\" __global__ void k(const float* x, float* out) { atomicAdd(out, x[threadIdx.x]); }", Opts());
+  auto without = CompileCandidate(
+      "extern \"C\" __global__ void k(const float* x, float* out) { out[threadIdx.x] = x[threadIdx.x]; }", Opts());
+  ASSERT_TRUE(with.ok() && without.ok());
+  ASSERT_TRUE(with->ok && without->ok);
+  EXPECT_TRUE(PtxUsesAtomics(with->ptx));
+  EXPECT_FALSE(PtxUsesAtomics(without->ptx));
+  EXPECT_EQ(ParsePtxExternFunctions(without->ptx).size(), 0u);
+}
+
 }  // namespace
 }  // namespace ks

@@ -226,7 +226,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"bad_forward_raises.py", "line 6: forward() raised RuntimeError"},
                       BadCase{"bad_complex.py", "dtype complex64"},
                       BadCase{"bad_import.py", "No module named 'kernelsearch_no_such_module'"},
-                      BadCase{"no_such_problem.py", "no such file"}),
+                      BadCase{"no_such_problem.py", "no such file"},
+                      BadCase{"bad_tolerance_key.py", "keys: atol, rtol, rel_norm, large_rel, large_share"}),
     [](const auto& info) {
       std::string n = info.param.file.substr(0, info.param.file.find('.'));
       for (char& ch : n)
@@ -415,6 +416,62 @@ TEST(DegenerateTest, ConstantOutputIsFlaggedAndAGoodProblemIsNot) {
   EXPECT_TRUE(good->empty()) << good->front();
 }
 
+// Issue 14, item 4: outputs the element-wise tolerance barely tests are noted,
+// with the share, but not refused (the norm rules still judge them).
+TEST(DegenerateTest, NearDegenerateOutputsAreNotedWithTheShare) {
+  REQUIRE_TORCH();
+  std::vector<std::string> notes;
+  auto small = CheckProblem(Fixture("mostly_small.py"), {}, "auto", 42, &notes);
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  EXPECT_TRUE(small->empty()) << small->front();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], ::testing::ContainsRegex("output 'out': 9[0-9]\\.[0-9]% of elements are within the "
+                                                 "element-wise tolerance of zero"));
+  notes.clear();
+  auto flat = CheckProblem(Fixture("almost_constant.py"), {}, "auto", 42, &notes);
+  ASSERT_TRUE(flat.ok()) << flat.status().message();
+  EXPECT_TRUE(flat->empty()) << flat->front();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("output 'out' is almost constant (std / RMS = 0.001"));
+  notes.clear();
+  auto good = CheckProblem(Fixture("two_outputs.py"), {}, "auto", 42, &notes);
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE(notes.empty()) << notes.front();
+}
+
+TEST(ToleranceTest, NormBoundsPerDtypeAndAProblemsLooserRtolLoosensThem) {
+  Signature s;
+  Tolerance f32 = s.ToleranceFor(DType::kFloat32);
+  EXPECT_DOUBLE_EQ(f32.atol, 1e-4);
+  EXPECT_DOUBLE_EQ(f32.rel_norm, 1e-5);
+  EXPECT_DOUBLE_EQ(f32.large_rel, 1e-3);
+  EXPECT_DOUBLE_EQ(f32.large_share, 1e-3);
+  EXPECT_GT(s.ToleranceFor(DType::kBFloat16).rel_norm, s.ToleranceFor(DType::kFloat16).rel_norm);
+  EXPECT_GT(s.ToleranceFor(DType::kFloat16).rel_norm, f32.rel_norm);
+  EXPECT_EQ(s.ToleranceFor(DType::kInt64).rel_norm, 0);  // exact
+  // A TF32 reference's TOLERANCE (conv problems): the bounds follow its rtol.
+  s.tolerance = Tolerance{5e-3, 5e-3};
+  Tolerance conv = s.ToleranceFor(DType::kFloat32);
+  EXPECT_DOUBLE_EQ(conv.atol, 5e-3);
+  EXPECT_DOUBLE_EQ(conv.rel_norm, 1.25e-3);
+  EXPECT_DOUBLE_EQ(conv.large_rel, 5e-2);
+  // A tighter TOLERANCE keeps the dtype's norm bounds; named bounds win.
+  s.tolerance = Tolerance{1e-6, 1e-6};
+  EXPECT_DOUBLE_EQ(s.ToleranceFor(DType::kFloat32).rel_norm, 1e-5);
+  s.tolerance = Tolerance{1e-4, 1e-4, 3e-6, 0, 0.01};
+  EXPECT_DOUBLE_EQ(s.ToleranceFor(DType::kFloat32).rel_norm, 3e-6);
+  EXPECT_DOUBLE_EQ(s.ToleranceFor(DType::kFloat32).large_share, 0.01);
+  // And they survive the signature's JSON.
+  auto back = SignatureFromJson([&] {
+    Signature t = s;
+    t.outputs.push_back(TensorSpec{});
+    t.outputs[0].name = "out";
+    return SignatureToJson(t);
+  }());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_DOUBLE_EQ(back->ToleranceFor(DType::kFloat32).rel_norm, 3e-6);
+}
+
 // ---- The real binary ------------------------------------------------------------------------
 
 SubprocessResult RunCli(std::vector<std::string> args) {
@@ -459,6 +516,9 @@ TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
   EXPECT_THAT(bad.out, HasSubstr("all zeros"));
   SubprocessResult good = RunCli({"problem", "check", Fixture("matmul.py"), "--device", "cpu"});
   EXPECT_EQ(good.exit_code, 0) << good.err << good.out;
+  SubprocessResult noted = RunCli({"problem", "check", Fixture("mostly_small.py"), "--device", "cpu"});
+  EXPECT_EQ(noted.exit_code, 0) << noted.err << noted.out;
+  EXPECT_THAT(noted.out, HasSubstr("note: output 'out': 9"));
 }
 
 TEST(CliTest, ASearchOnADegenerateProblemNeedsAllowDegenerate) {
