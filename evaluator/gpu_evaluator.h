@@ -10,6 +10,40 @@
 // Every run of a candidate is prepared identically (globals restored, scratch
 // refilled, outputs poisoned, L2 flushed), timed with device events and verified
 // here, so a candidate cannot behave differently when timed.
+//
+// Every place a kernel can write, and how it is reset or verified between runs
+// (a run keeping state is how cached answers and call counters work):
+//  - outputs: poisoned (a NaN pattern) before each run; every element must be
+//    written, and must match the reference (element-wise, relative norm and
+//    large-error share, Tolerance in signature.h); repeated runs on one input
+//    set must agree bit for bit unless the kernel uses atomics;
+//  - alignment padding after each output: part of the guard region that
+//    follows it (filled with 0xCD), checked after every run;
+//  - guard before the first buffer: checked after every run;
+//  - inputs and parameters of the set in use, their padding included: compared
+//    with a pristine copy after every run, restored if changed; every input
+//    set after the candidate's last run (another set's buffers);
+//  - scratch: refilled with junk (NaN words, tail bytes included) before each
+//    run, its guards on both sides checked after (ks-worker);
+//  - __device__ / module-scope globals: restored before each run, and must
+//    hold their load-time values again after it (ks-worker);
+//  - shared memory: one block per SM holding the opt-in maximum overwrites it
+//    before each run (ks_scrub_shared in ks-worker);
+//  - the device malloc heap: malloc/free/new refused at compile time
+//    (compiler.cc), and the worker's heap limit set to the minimum;
+//  - the L2 flush buffer: the worker's own allocation, rewritten before each run;
+//  - device printf FIFO: capped, and only a log, never an answer.
+// What cannot be stopped here, and why:
+//  - per-thread local memory (stack) is not cleared between launches; which
+//    warp gets which slot depends on scheduling, so an answer cached there is
+//    unreliable, and unreliable answers fail the bit-for-bit check; a kernel
+//    reading its own uninitialized locals is the risk left;
+//  - reading other input sets' buffers (they share the arena) cannot be
+//    prevented without one allocation per set; it cannot reveal a reference
+//    output (those live only in this process), only other inputs;
+//  - a race that never shows within the runs made (at least one per set, and
+//    every warm-up and timed run) passes, as it would in PyTorch.
+//
 // Not thread-safe: one caller at a time (GPU work is serialized per GPU);
 // EvaluateBatch compiles in parallel internally.
 #pragma once

@@ -51,6 +51,11 @@ TEST_P(ProblemGpuTest, LoadsIsNotDegenerateAndItsSeedIsCorrect) {
   EXPECT_EQ(e.status, EvalStatus::kCorrect) << GetParam() << ": " << e.message;
   if (e.timing && e.eager)
     std::printf("%s: seed %.4f ms, eager %.4f ms\n", GetParam().c_str(), e.timing->median_ms, e.eager->median_ms);
+  // Issue 14: how far inside the norm rules an honest (naive) kernel sits.
+  for (const auto& o : e.errors)
+    std::printf("norm | %s | %s | %.3g | %.3g | %.2g%% | %lld of %lld | %.3g |\n", GetParam().c_str(), o.name.c_str(),
+                o.rel_norm, o.rel_norm_bound, o.rel_norm_bound > 0 ? 100 * o.rel_norm / o.rel_norm_bound : 0.0,
+                static_cast<long long>(o.large_errors), static_cast<long long>(o.considered), o.max_rel);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllProblems, ProblemGpuTest, ::testing::ValuesIn(ProblemNames()),
