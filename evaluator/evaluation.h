@@ -54,7 +54,7 @@ struct OutputError {
   int input_set = 0;              // the input set these figures come from
   // The norm rules of Tolerance (evaluator/signature.h), with the bounds held to.
   double rel_norm_bound = 0;      // 0: not checked (exact dtypes)
-  int64_t considered = 0;         // elements whose |ref| is at least 1% of the output's RMS
+  int64_t considered = 0;         // elements that are not tiny (TinyFraction in signature.h)
   int64_t large_errors = 0;       // of those, relative error above large_rel
   double large_rel = 0;
   double large_share_cap = 0;     // the most large_errors / considered may be

@@ -546,9 +546,9 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
   CompareArgs a{arena_.get() + o.offset, o.refs[set].get(), static_cast<unsigned long long>(t.numel()), tol.atol,
                 tol.rtol, INFINITY, 0, 0};
   if (tol.large_rel > 0) {
-    // "Not tiny": at least 1% of the output's RMS, so an honest kernel's
-    // rounding (relative to the RMS) never makes a large relative error.
-    a.tiny = std::max(0.01 * o.ref_rms[set], std::numeric_limits<double>::min());
+    // "Not tiny" is relative to the output's RMS, so an honest kernel's
+    // rounding (also relative to the RMS) never makes a large relative error.
+    a.tiny = std::max(tol.TinyFraction() * o.ref_rms[set], std::numeric_limits<double>::min());
     a.large_rel = tol.large_rel;
   }
   PoisonPattern p;
@@ -646,7 +646,8 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
                " for " + DTypeName(t.dtype);
       else
         msg += std::to_string(e.large_errors) + " of " + std::to_string(e.considered) +
-               " elements that are not tiny (|ref| >= 1% of the RMS) have a relative error above " + Num(e.large_rel) +
+               " elements that are not tiny (|ref| >= " + Num(100 * ref_.signature.ToleranceFor(t.dtype).TinyFraction()) +
+               "% of the RMS) have a relative error above " + Num(e.large_rel) +
                " (at most " + Num(100 * e.large_share_cap) + "% may)";
       msg += " although every element is within atol/rtol: is it computed in a lower precision, or are small "
              "outputs skipped?";

@@ -2,6 +2,7 @@
 // it, and the reference data layout it writes. Plain data; JSON round trip.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -40,9 +41,10 @@ struct TensorSpec {
 //  - relative norm: ||out - ref|| / ||ref|| <= rel_norm. Stops outputs smaller
 //    than atol from being garbage (a half-precision softmax passes allclose
 //    with 100% relative error on its small elements, not this);
-//  - large errors: among the elements whose |ref| is at least 1% of the
-//    output's RMS, the share with a relative error above large_rel is at most
-//    large_share. Stops "skip the work where the output is small".
+//  - large errors: among the elements that are not tiny (|ref| at least
+//    TinyFraction() of the output's RMS), the share with a relative error
+//    above large_rel is at most large_share. Stops "skip the work where the
+//    output is small".
 // rel_norm, large_rel and large_share are 0 where they do not apply (integer
 // and bool outputs compare exactly). In a problem's TOLERANCE, a field left
 // out (0 here) takes the rule in Signature::ToleranceFor.
@@ -52,6 +54,11 @@ struct Tolerance {
   double rel_norm = 0;
   double large_rel = 0;
   double large_share = 0;
+
+  // "Tiny" elements are below this fraction of the output's RMS: 1%, or
+  // more where the norm bound allows errors that would be large relative to
+  // such elements (an honest bf16 kernel's errors are ~0.5% of the RMS).
+  double TinyFraction() const { return large_rel > 0 ? std::max(0.01, 2 * rel_norm / large_rel) : 0; }
 };
 
 // The defaults for an output of dtype d, before a problem's TOLERANCE.

