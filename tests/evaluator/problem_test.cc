@@ -513,6 +513,19 @@ TEST(CliTest, BadProblemExitsTwoWithTheCause) {
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
+// Issue 14: a user compiling a candidate that uses the device heap is told so, with malloc named.
+TEST(CliTest, CompileRefusesDeviceHeapUseNamingMalloc) {
+  REQUIRE_TORCH();
+  std::string cases = std::string(KS_SOURCE_DIR) + "/tests/adversarial/cases/";
+  std::string scale = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/scale.py";
+  SubprocessResult r = RunCli({"compile", scale, cases + "27_heap_cache.md"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("status: compile_error"));
+  EXPECT_THAT(r.out, HasSubstr("device-side heap allocation is not allowed (the kernel calls malloc"));
+  SubprocessResult ok = RunCli({"compile", scale, cases + "control_scale.md"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err << ok.out;
+}
+
 TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
   REQUIRE_TORCH();
   SubprocessResult bad = RunCli({"problem", "check", Fixture("all_zeros.py"), "--device", "cpu"});
