@@ -164,7 +164,7 @@ TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
   TemplateVars v;
   for (const char* name :
        {"problem_name", "problem_source", "signature_table", "gpu_facts", "parent_description", "parent_code",
-        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status",
+        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status", "bank_examples",
         "failure_details"})
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
