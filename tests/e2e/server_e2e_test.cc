@@ -7,9 +7,11 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/files.h"
 #include "evaluator/problem.h"
+#include "search/store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
 
@@ -285,6 +287,39 @@ TEST(ServerE2E, ReportOverTheApi) {
   ASSERT_TRUE(written.ok());
   EXPECT_EQ(*written, r->html());
   EXPECT_EQ(h.Terminate(), "exit code 0");
+}
+
+// Issue 15: a server's searches tell the model what the server's GPU measured
+// (here the scripted evaluator stands for one), and the store keeps the facts
+// for split searches that name that GPU.
+TEST(ServerE2E, ServerSearchPromptsStateTheMeasuredGpuFacts) {
+  ServerHarness h;
+  auto config = ReadFile(h.Path("evaluator.json"));
+  ASSERT_TRUE(config.ok());
+  nlohmann::json j = nlohmann::json::parse(*config);
+  j["gpu"] = {{"name", "Fake H100"}, {"compute_capability", "9.0"}, {"sm_count", 132},
+              {"shared_bytes_per_block", 232448}, {"l2_bytes", 52428800}, {"memory_bandwidth_gbps", 2951.0}};
+  ASSERT_TRUE(WriteFile(h.Path("evaluator.json"), j.dump()).ok());
+  int64_t problem = h.SeedProblem();
+  h.Start();
+  auto c = h.Connect();
+  auto started = c->StartSearch(SmallSearch(problem));
+  ASSERT_TRUE(started.ok()) << started.status().ToString() << h.Log();
+  ExpectWellFormed(WatchAll(*c, started->search_id()));
+  EXPECT_EQ(h.Terminate(), "exit code 0");
+  auto store = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(store.ok());
+  auto calls = (*store)->ListLlmCalls(std::stoll(started->search_id()), false);
+  ASSERT_TRUE(calls.ok());
+  ASSERT_FALSE(calls->empty());
+  for (const auto& call : *calls) {
+    EXPECT_NE(call.record.prompt.find("Fake H100 (compute capability 9.0), 132 SMs"), std::string::npos)
+        << call.record.prompt;
+    EXPECT_NE(call.record.prompt.find("Memory bandwidth (measured): 2951 GB/s"), std::string::npos);
+  }
+  auto facts = (*store)->LatestGpuFacts("Fake H100");
+  ASSERT_TRUE(facts.ok());
+  EXPECT_TRUE(facts->has_value());
 }
 
 // Issue 15: failed model calls are in the watch stream's search info (count
