@@ -43,6 +43,7 @@ void RegisterLlmCommands(CLI::App& app);
 void RegisterSearchCommands(CLI::App& app);  // search, evaluate-pending
 void RegisterBrowseCommands(CLI::App& app);  // history, best, show, lineage, export
 void RegisterServeCommand(CLI::App& app);    // serve (gRPC server)
+void RegisterReportCommand(CLI::App& app);   // report (HTML page of a search)
 void RegisterRemoteCommands(CLI::App& app);  // submit, watch, cancel, remote history|best|show|lineage|eval
 
 }  // namespace ks::cli

@@ -87,18 +87,24 @@ int History(const BrowseFlags& f) {
                      {"best_speedup", s.best_speedup_eager ? nlohmann::json(*s.best_speedup_eager) : nlohmann::json()},
                      {"best_candidate", s.search.best_candidate ? nlohmann::json(*s.search.best_candidate)
                                                                 : nlohmann::json()},
-                     {"llm_calls", s.spend.calls}, {"cost_usd", s.spend.cost_usd}, {"created", s.search.created}});
+                     {"llm_calls", s.spend.calls}, {"failed_llm_calls", s.failed_calls},
+                     {"first_llm_error", s.first_llm_error}, {"cost_usd", s.spend.cost_usd},
+                     {"created", s.search.created}});
     std::printf("%s\n", arr.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("%-6s %-22s %-10s %6s %6s %7s %8s %6s %8s  %s\n", "search", "problem", "status", "rounds", "cands",
-              "correct", "best", "calls", "cost", "created");
-  for (const auto& s : all)
-    std::printf("%-6lld %-22s %-10s %6d %6lld %7lld %8s %6lld %8s  %s\n", static_cast<long long>(s.search.id),
+  std::printf("%-6s %-22s %-10s %6s %6s %7s %8s %6s %6s %8s  %s\n", "search", "problem", "status", "rounds",
+              "cands", "correct", "best", "calls", "failed", "cost", "created");
+  for (const auto& s : all) {
+    std::printf("%-6lld %-22s %-10s %6d %6lld %7lld %8s %6lld %6lld %8s  %s\n", static_cast<long long>(s.search.id),
                 s.problem_name.c_str(), store::SearchStatusName(s.search.status), s.rounds,
                 static_cast<long long>(s.candidates), static_cast<long long>(s.correct),
                 Opt(s.best_speedup_eager, "{:.2f}x").c_str(), static_cast<long long>(s.spend.calls),
-                fmt::format("${:.2f}", s.spend.cost_usd).c_str(), s.search.created.c_str());
+                static_cast<long long>(s.failed_calls), fmt::format("${:.2f}", s.spend.cost_usd).c_str(),
+                s.search.created.c_str());
+    // The reason a search found nothing is usually the model's error: say it here.
+    if (s.failed_calls > 0) std::printf("       first failed model call: %s\n", s.first_llm_error.c_str());
+  }
   return kExitOk;
 }
 
@@ -111,6 +117,10 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
   if (json) {
     auto j = CandidateJson(c, true);
     j["idea_text"] = idea_text;
+    if (auto summary = store->Summarize(c.search_id); summary.ok()) {
+      j["search_failed_llm_calls"] = summary->failed_calls;
+      j["search_first_llm_error"] = summary->first_llm_error;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
   }
@@ -118,6 +128,9 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
               static_cast<long long>(c.search_id), c.round, store::CandidateKindName(c.kind));
   std::printf("idea:    %s\n", idea_text.empty() ? "-" : idea_text.c_str());
   std::printf("parent:  %s\n", c.parent_candidate ? std::to_string(*c.parent_candidate).c_str() : "-");
+  if (auto summary = store->Summarize(c.search_id); summary.ok() && summary->failed_calls > 0)
+    std::printf("search:  %lld failed model calls; first: %s\n", static_cast<long long>(summary->failed_calls),
+                summary->first_llm_error.c_str());
   if (c.evaluation) {
     std::printf("status:  %s%s\n", EvalStatusName(c.evaluation->status),
                 c.evaluation->reused_from ? fmt::format(" (same kernel as {})", *c.evaluation->reused_from).c_str()

@@ -68,6 +68,8 @@ void PrintInfo(const pb::SearchInfo& s) {
               s.rounds_done(), s.candidates_evaluated(), s.candidates_correct(), Speedup(s.best_speedup()).c_str(),
               s.best_candidate_id().empty() ? "" : (" (candidate " + s.best_candidate_id() + ")").c_str(),
               s.cost_usd(), s.stop_reason().empty() ? "" : ("  [" + s.stop_reason() + "]").c_str());
+  if (s.failed_llm_calls() > 0)
+    std::printf("  %d failed model calls; first: %s\n", s.failed_llm_calls(), s.first_llm_error().c_str());
 }
 
 void PrintEvent(const pb::SearchEvent& e) {
@@ -326,6 +328,25 @@ void RegisterRemoteCommands(CLI::App& app) {
         std::printf("  <- ");
         PrintCandidate(d, false);
       }
+      return kExitOk;
+    });
+  }
+  {
+    auto* f = new BrowseFlags();
+    auto* out = new std::string();
+    CLI::App* sub = remote->add_subcommand("report", "A search as one self-contained HTML page (as `kernelsearch report`)");
+    sub->add_option("search", f->id, "Search id")->required();
+    sub->add_option("--out", *out, "Where to write the page (.html)")->required();
+    AddConnOptions(sub, &f->conn);
+    SetAction(sub, [f, out] {
+      auto client = Connect(f->conn);
+      if (!client.ok()) return ReportError(client.status());
+      pb::GetReportRequest req;
+      req.set_search_id(f->id);
+      auto r = (*client)->GetReport(req);
+      if (!r.ok()) return ReportError(r.status());
+      if (Status st = WriteFile(*out, r->html()); !st.ok()) return ReportError(st);
+      std::printf("wrote %s (%zu bytes)\n", out->c_str(), r->html().size());
       return kExitOk;
     });
   }

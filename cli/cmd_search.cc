@@ -45,6 +45,7 @@ struct SearchFlags {
   int64_t resume = 0;
   bool generate_only = false;
   bool allow_degenerate = false;
+  bool no_bank = false;
   bool quiet = false;
   bool json = false;
   std::string evaluator;
@@ -65,9 +66,21 @@ class Progress {
     if (json_) {
       std::printf("%s\n", SearchEventToJson(e).dump().c_str());
       std::fflush(stdout);
-      return;
     }
-    if (quiet_) return;
+    if (e.type == SearchEvent::Type::kLlmCall && !e.error.empty()) {
+      if (step_failed_++ == 0) step_first_error_ = e.error;
+    }
+    // A step whose model calls failed says so when it ends, whatever --quiet
+    // says: a search that silently finds nothing is the worst outcome.
+    if ((e.type == SearchEvent::Type::kRoundStarted || e.type == SearchEvent::Type::kFinished) && step_failed_ > 0) {
+      std::fprintf(stderr, "\r\033[K%s%lld model call%s failed; first error: %s\n",
+                   step_round_ >= 0 ? fmt::format("round {}: ", step_round_).c_str() : "",
+                   static_cast<long long>(step_failed_), step_failed_ == 1 ? "" : "s", step_first_error_.c_str());
+      step_failed_ = 0;
+      step_first_error_.clear();
+    }
+    if (e.type == SearchEvent::Type::kRoundStarted) step_round_ = e.round;
+    if (quiet_ || json_) return;
     std::string best = e.best_speedup ? fmt::format("{:.2f}x", *e.best_speedup) : "-";
     std::string line = fmt::format("round {} | evaluated {} ({} failed) | best {} | {} calls, ${:.2f}",
                                    e.round, e.evaluated, e.failed, best, e.llm_calls, e.cost_usd);
@@ -86,6 +99,9 @@ class Progress {
 
  private:
   bool quiet_, json_;
+  int step_round_ = -1;        // the round the current step works on
+  int64_t step_failed_ = 0;    // failed model calls in it
+  std::string step_first_error_;
 };
 
 StatusOr<std::unique_ptr<LlmClient>> MakeClient(const SearchFlags& f, const SearchConfig& config) {
@@ -123,9 +139,11 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
                         {"evaluated_now", out.evaluated_now},
                         {"llm_calls_now", out.llm_calls_now},
                         {"llm_calls_reused", out.llm_calls_reused},
+                        {"llm_failed_now", out.llm_failed_now},
                         {"elapsed_s", out.total_elapsed_s}};
     if (out.best_candidate) j["best_candidate"] = *out.best_candidate;
     if (out.best_speedup) j["best_speedup"] = *out.best_speedup;
+    if (!out.first_llm_error.empty()) j["first_llm_error"] = out.first_llm_error;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("search %lld: %s%s\n", static_cast<long long>(out.search_id), store::SearchStatusName(out.status),
@@ -139,6 +157,14 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
                   static_cast<long long>(out.pending));
   }
   if (out.status == store::SearchStatus::kCancelled) return kExitEnv;
+  // Model calls were made, every one failed and nothing came of this run: the
+  // model cannot be reached or refuses us (an environment problem, exit 3).
+  if (out.llm_failed_now > 0 && out.llm_failed_now == out.llm_calls_now && out.evaluated_now == 0 &&
+      !out.best_candidate) {
+    std::fprintf(stderr, "kernelsearch: every model call failed (%lld); first error: %s\n",
+                 static_cast<long long>(out.llm_failed_now), out.first_llm_error.c_str());
+    return kExitEnv;
+  }
   return kExitOk;
 }
 
@@ -200,6 +226,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
       config.seed_label = f.seed_kernel;
     }
     if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
+    if (f.no_bank) config.bank = false;
     if (Status st = config.Validate(); !st.ok()) return ReportError(st);
   }
 
@@ -222,6 +249,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   // The evaluator first: a search that cannot evaluate must fail before it
   // spends anything on the model.
   std::unique_ptr<CandidateEvaluator> evaluator;
+  std::optional<GpuFacts> measured_gpu;
   if (!f.generate_only) {
     auto made = MakeSearchEvaluator(problem_file, {.spec = f.evaluator, .python = f.python});
     if (!made.ok()) return ReportError(made.status());
@@ -233,6 +261,22 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
       if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
     }
     if (!f.resume && config.gpu.name.empty()) config.gpu.name = evaluator->DeviceName();
+    measured_gpu = made->gpu;
+  } else if (!f.resume && !f.gpu_name.empty()) {
+    // The model side of a split search: the facts a GPU node of that name
+    // measured, if one ever reported to this store.
+    auto facts = (*store)->LatestGpuFacts(f.gpu_name);
+    if (!facts.ok()) return ReportError(facts.status());
+    nlohmann::json j = *facts ? nlohmann::json::parse(**facts, nullptr, false) : nlohmann::json();
+    if (j.is_object()) {
+      config.gpu = GpuFactsFromJson(j);
+      config.gpu.name = f.gpu_name;
+    } else {
+      std::fprintf(stderr,
+                   "kernelsearch: no device facts for GPU '%s' in %s yet: prompts say its figures are unknown "
+                   "until `kernelsearch evaluate-pending` on that GPU has measured them\n",
+                   f.gpu_name.c_str(), (*store)->path().c_str());
+    }
   }
   auto llm = MakeClient(f, config);
   if (!llm.ok()) return ReportError(llm.status());
@@ -261,6 +305,10 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
                                           static_cast<long long>(search_id), static_cast<long long>(search_id));
   }
 
+  if (measured_gpu) {
+    Status st = (*store)->PutGpuFacts(measured_gpu->name, GpuFactsToJson(*measured_gpu).dump(), search_id);
+    if (!st.ok()) return ReportError(st);
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   Progress progress(f.quiet, f.json);
@@ -304,9 +352,15 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     if (!problem.ok()) return ReportError(problem.status());
     auto file = ProblemFileFor(*problem);
     if (!file.ok()) return ReportError(file.status());
-    auto evaluator = MakeEvaluator(*file, {.spec = f.evaluator, .python = f.python});
-    if (!evaluator.ok()) return ReportError(evaluator.status());
-    Orchestrator orch({.store = store->get(), .evaluator = evaluator->get(), .cancel = &g_interrupted},
+    auto made = MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python});
+    if (!made.ok()) return ReportError(made.status());
+    // What this GPU node measured goes into the store, so that the model side
+    // tells the model true figures (search --generate-only --resume / --gpu NAME).
+    if (made->gpu) {
+      Status st = (*store)->PutGpuFacts(made->gpu->name, GpuFactsToJson(*made->gpu).dump(), search_id);
+      if (!st.ok()) return ReportError(st);
+    }
+    Orchestrator orch({.store = store->get(), .evaluator = made->evaluator.get(), .cancel = &g_interrupted},
                       [&](const SearchEvent& e) { progress(e); });
     auto out = orch.EvaluatePending(search_id);
     if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
@@ -355,6 +409,8 @@ void RegisterSearchCommands(CLI::App& app) {
                 "run the model side of the next step, leave candidates pending (for GPU nodes without internet)");
   sub->add_flag("--allow-degenerate", f->allow_degenerate,
                 "search even when the problem's reference outputs are degenerate (see `kernelsearch problem check`)");
+  sub->add_flag("--no-bank", f->no_bank,
+                "do not show the model the best kernels of similar problems from the store (the kernel bank)");
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");

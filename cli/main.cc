@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   RegisterSearchCommands(app);
   RegisterBrowseCommands(app);
   RegisterServeCommand(app);
+  RegisterReportCommand(app);
   RegisterRemoteCommands(app);
   try {
     app.parse(argc, argv);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/files.h"
+#include "search/kernel_bank.h"
 #include "search/llm/prompts.h"
 #include "search/llm/response_parser.h"
 #include "search/store/candidate_hash.h"
@@ -121,6 +122,7 @@ nlohmann::json SearchEventToJson(const SearchEvent& e) {
   if (e.candidate_id) j["candidate"] = e.candidate_id;
   if (!e.text.empty()) j["text"] = e.text;
   if (!e.error.empty()) j["error"] = e.error;
+  if (e.llm_failed) j["llm_failed"] = e.llm_failed;
   if (e.eval_status) j["status"] = EvalStatusName(*e.eval_status);
   if (e.speedup) j["speedup"] = *e.speedup;
   if (e.best_speedup) j["best_speedup"] = *e.best_speedup;
@@ -189,6 +191,11 @@ class Orchestrator::SearchRun {
       problem_.signature = std::move(sig).value();
     }
     problem_.gpu = config_.gpu;
+    KS_RETURN_IF_ERROR(LoadMeasuredFacts());
+    if (config_.bank) {
+      KS_ASSIGN_OR_RETURN(auto entries, store_->BankCandidates(search_.problem_id));
+      bank_ = SelectBankKernels(problem_.source, entries);
+    }
     KS_ASSIGN_OR_RETURN(store::LlmSpend spend, store_->Spend(search_id_));
     spend_ = spend;
     KS_ASSIGN_OR_RETURN(auto best, store_->BestCorrect(search_id_));
@@ -199,6 +206,24 @@ class Orchestrator::SearchRun {
     KS_ASSIGN_OR_RETURN(auto summary, store_->Summarize(search_id_));
     evaluated_total_ = summary.evaluated;
     failed_total_ = summary.evaluated - summary.correct;
+    return Status::Ok();
+  }
+
+  // The device facts a GPU node measured and stored (evaluate-pending, or an
+  // evaluator of an earlier run) replace the ones fixed at creation when the
+  // latter were not measured (a split search created with --gpu NAME before any
+  // GPU node reported): first those recorded for this search, else the latest
+  // for the GPU's name.
+  Status LoadMeasuredFacts() {
+    if (problem_.gpu.sm_count > 0 && problem_.gpu.memory_bandwidth_gbps > 0) return Status::Ok();
+    KS_ASSIGN_OR_RETURN(auto facts, store_->LatestGpuFactsForSearch(search_id_));
+    if (!facts && !problem_.gpu.name.empty()) {
+      KS_ASSIGN_OR_RETURN(facts, store_->LatestGpuFacts(problem_.gpu.name));
+    }
+    if (!facts) return Status::Ok();
+    nlohmann::json j = nlohmann::json::parse(*facts, nullptr, false);
+    if (!j.is_object()) return Status::Ok();  // a foreign row: keep what the config says
+    problem_.gpu = GpuFactsFromJson(j);
     return Status::Ok();
   }
 
@@ -474,8 +499,10 @@ class Orchestrator::SearchRun {
     KS_ASSIGN_OR_RETURN(in.parent, Parent(parent));
     KS_ASSIGN_OR_RETURN(in.tried, TriedIdeas(parent, round));
     in.num_ideas = config_.ideas;
+    in.bank = bank_;
     KS_ASSIGN_OR_RETURN(RenderedPrompt prompt, RenderIdeasPrompt(*o_->deps_.prompts, in));
     std::string slot = fmt::format("r{}/p{}", round, parent);
+    KS_RETURN_IF_ERROR(RecordBank(slot));
     KS_ASSIGN_OR_RETURN(std::optional<std::string> reply, Call(prompt, "ideas", slot, /*first_pass=*/true));
     if (!reply) return Status::Ok();
     auto parsed = ParseIdeas(*reply);
@@ -505,12 +532,22 @@ class Orchestrator::SearchRun {
     in.problem = problem_;
     KS_ASSIGN_OR_RETURN(in.parent, Parent(parent));
     in.idea = idea.text;
+    in.bank = bank_;
     KS_ASSIGN_OR_RETURN(RenderedPrompt prompt, RenderImplementPrompt(*o_->deps_.prompts, in));
+    if (!parent) KS_RETURN_IF_ERROR(RecordBank(slot));  // prompts show the bank only without a parent
     KS_ASSIGN_OR_RETURN(std::optional<std::string> reply, Call(prompt, "implement", slot, /*first_pass=*/true));
     if (!reply) return Status::Ok();
     CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,
                    .kind = CandidateKind::kPrimary, .branch = branch, .slot_key = slot};
     return StoreReply(c, *reply);
+  }
+
+  // The lineage keeps which bank kernels the prompt of `slot` showed.
+  Status RecordBank(const std::string& slot) {
+    if (bank_.empty()) return Status::Ok();
+    std::vector<int64_t> ids;
+    for (const auto& b : bank_) ids.push_back(b.candidate_id);
+    return store_->RecordBankShown(search_id_, slot, ids);
   }
 
   Status RepairTask(const CandidateRow& failed) {
@@ -626,6 +663,11 @@ class Orchestrator::SearchRun {
       spend_.cost_usd += record.cost_usd;
     }
     Emit({.type = SearchEvent::Type::kLlmCall, .round = round_, .text = role, .error = record.error});
+    if (!reply.ok() && !Cancelled()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++llm_failed_now_;
+      if (first_llm_error_.empty()) first_llm_error_ = record.error;
+    }
     if (!reply.ok()) {
       // A call cut short by our own cancel was not really attempted.
       if (Cancelled() && first_pass) MarkInterrupted();
@@ -800,7 +842,8 @@ class Orchestrator::SearchRun {
     out.stop_reason = reason;
     auto pending = store_->PendingCandidates(search_id_);
     if (pending.ok()) out.pending = static_cast<int64_t>(pending->size());
-    SearchEvent done{.type = SearchEvent::Type::kFinished, .round = round_, .text = reason};
+    SearchEvent done{.type = SearchEvent::Type::kFinished, .round = round_, .text = reason,
+                     .error = out.first_llm_error};
     done.final_status = status;
     Emit(done);
     if (!fatal_.ok()) return fatal_;
@@ -817,6 +860,8 @@ class Orchestrator::SearchRun {
     out.evaluated_now = evaluated_now_;
     out.llm_calls_now = calls_now_;
     out.llm_calls_reused = calls_reused_;
+    out.llm_failed_now = llm_failed_now_;
+    out.first_llm_error = first_llm_error_;
     out.wall_s = Seconds(start_);
     out.total_elapsed_s = prior_elapsed_s_ + out.wall_s;
     out.evaluator_s = evaluator_s_;
@@ -833,6 +878,7 @@ class Orchestrator::SearchRun {
       e.evaluated = evaluated_total_;
       e.failed = failed_total_;
       e.llm_calls = spend_.calls;
+      e.llm_failed = llm_failed_now_;
       e.tokens = spend_.tokens_in + spend_.tokens_out;
       e.cost_usd = spend_.cost_usd;
     }
@@ -866,6 +912,9 @@ class Orchestrator::SearchRun {
   store::LlmSpend spend_;              // (mu_) search-wide
   int64_t calls_now_ = 0;              // (mu_)
   int64_t calls_reused_ = 0;           // (mu_)
+  int64_t llm_failed_now_ = 0;         // (mu_)
+  std::string first_llm_error_;        // (mu_)
+  std::vector<BankKernel> bank_;       // fixed by Load()
   int64_t evaluated_total_ = 0;        // (mu_)
   int64_t failed_total_ = 0;           // (mu_)
   int64_t evaluated_now_ = 0;          // (mu_)

@@ -73,6 +73,7 @@ struct SearchEvent {
   int64_t evaluated = 0;
   int64_t failed = 0;
   int64_t llm_calls = 0;
+  int64_t llm_failed = 0;  // model calls that failed, in this process
   int64_t tokens = 0;
   double cost_usd = 0;
   store::SearchStatus final_status = store::SearchStatus::kRunning;
@@ -92,6 +93,10 @@ struct SearchOutcome {
   int64_t evaluated_now = 0;     // by this call (reuses included)
   int64_t llm_calls_now = 0;     // model calls made by this call
   int64_t llm_calls_reused = 0;  // finished calls found in the store instead
+  // Model calls of this call that returned an error, and the first error (what
+  // a user must see: "command '...' timed out after 3600 s", "HTTP 401 ...").
+  int64_t llm_failed_now = 0;
+  std::string first_llm_error;
   // Where this call's time went: wall, inside EvaluateBatch, and on the Run
   // thread waiting for model calls with nothing to evaluate. The rest is the
   // orchestrator's own overhead (store, prompts, parsing, selection).

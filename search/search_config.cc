@@ -73,7 +73,8 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"seed_source", c.seed_source},
           {"seed_plan", c.seed_plan},
           {"seed_label", c.seed_label},
-          {"gpu", GpuFactsToJson(c.gpu)}};
+          {"gpu", GpuFactsToJson(c.gpu)},
+          {"bank", c.bank}};
 }
 
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
@@ -81,7 +82,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
   static const std::set<std::string> kKeys = {
       "rounds", "ideas", "branches", "beam", "repair_attempts", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
-      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu"};
+      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank"};
   for (const auto& [key, value] : j.items())
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
@@ -104,6 +105,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     c.seed_plan = j.value("seed_plan", c.seed_plan);
     c.seed_label = j.value("seed_label", c.seed_label);
     if (j.contains("gpu")) c.gpu = GpuFactsFromJson(j.at("gpu"));
+    c.bank = j.value("bank", c.bank);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("search config: ") + e.what());
   }

@@ -48,6 +48,10 @@ struct SearchConfig {
   // as a run on the GPU node.
   GpuFacts gpu;
 
+  // Show the model the best kernels the store holds for similar problems (the
+  // kernel bank, search/kernel_bank.h) in round 0 and in ideas prompts.
+  bool bank = true;
+
   Status Validate() const;
 };
 

@@ -54,6 +54,7 @@ KS_CLIENT_UNARY(GetBestKernel, pb::GetBestKernelRequest, pb::CandidateDetail)
 KS_CLIENT_UNARY(ListCandidates, pb::ListCandidatesRequest, pb::ListCandidatesResponse)
 KS_CLIENT_UNARY(GetCandidate, pb::GetCandidateRequest, pb::CandidateDetail)
 KS_CLIENT_UNARY(EvaluateKernel, pb::EvaluateKernelRequest, pb::EvaluateKernelResponse)
+KS_CLIENT_UNARY(GetReport, pb::GetReportRequest, pb::GetReportResponse)
 #undef KS_CLIENT_UNARY
 
 Status Client::Watch(const std::string& search_id, const std::function<void(const pb::SearchEvent&)>& on_event,

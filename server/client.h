@@ -41,6 +41,7 @@ class Client {
   StatusOr<::kernelsearch::v1::CandidateDetail> GetCandidate(const ::kernelsearch::v1::GetCandidateRequest& r);
   StatusOr<::kernelsearch::v1::EvaluateKernelResponse> EvaluateKernel(
       const ::kernelsearch::v1::EvaluateKernelRequest& r);
+  StatusOr<::kernelsearch::v1::GetReportResponse> GetReport(const ::kernelsearch::v1::GetReportRequest& r);
 
   // Follows a search: calls `on_event` for each event (the snapshot first)
   // until the stream ends. OK when the server ended it (after `finished`);

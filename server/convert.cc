@@ -106,6 +106,8 @@ void FillSearchInfo(const store::SearchSummary& s, pb::SearchInfo* out) {
   out->set_created(s.search.created);
   out->set_updated(s.search.updated);
   out->set_cost_usd(s.spend.cost_usd);
+  out->set_failed_llm_calls(static_cast<int32_t>(s.failed_calls));
+  out->set_first_llm_error(s.first_llm_error);
 }
 
 void FillCandidateSummary(const store::CandidateRow& c, pb::CandidateSummary* out) {

@@ -35,12 +35,14 @@ std::string SafeStem(const std::string& name) {
 }  // namespace
 
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const store::ProblemRow& problem,
-                                                                         const EvaluatorOptions& options) {
+                                                                         const EvaluatorOptions& options,
+                                                                         std::optional<GpuFacts>* gpu) {
   KS_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make("ks-problem"));
   const std::string path = dir.path() + "/" + SafeStem(problem.name) + ".py";
   KS_RETURN_IF_ERROR(WriteFile(path, problem.source));
-  KS_ASSIGN_OR_RETURN(std::unique_ptr<CandidateEvaluator> inner, MakeEvaluator(path, options));
-  return std::unique_ptr<CandidateEvaluator>(new StoredProblemEvaluator(std::move(dir), std::move(inner)));
+  KS_ASSIGN_OR_RETURN(SearchEvaluator made, MakeSearchEvaluator(path, options));
+  if (gpu) *gpu = made.gpu;
+  return std::unique_ptr<CandidateEvaluator>(new StoredProblemEvaluator(std::move(dir), std::move(made.evaluator)));
 }
 
 OrchestratorRunner::OrchestratorRunner(store::LineageStore* store, const PromptLibrary* prompts,
@@ -53,8 +55,13 @@ Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
   KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store_->GetProblem(search.problem_id));
   nlohmann::json cj = nlohmann::json::parse(search.config_json, nullptr, /*allow_exceptions=*/false);
   KS_ASSIGN_OR_RETURN(SearchConfig config, SearchConfigFromJson(cj));
+  std::optional<GpuFacts> gpu;
   KS_ASSIGN_OR_RETURN(std::unique_ptr<CandidateEvaluator> evaluator,
-                      MakeStoredProblemEvaluator(problem, options_.evaluator));
+                      MakeStoredProblemEvaluator(problem, options_.evaluator, &gpu));
+  // What this server's GPU measured, for the prompts of this search (the
+  // orchestrator reads it when the config holds no measured facts) and of
+  // split searches that name this GPU.
+  if (gpu) KS_RETURN_IF_ERROR(store_->PutGpuFacts(gpu->name, GpuFactsToJson(*gpu).dump(), search_id));
   LlmConfig llm_config = options_.llm;
   if (!config.model.empty()) llm_config.spec = config.model;
   llm_config.cancel = stop;  // a shutdown or cancel also aborts calls in flight

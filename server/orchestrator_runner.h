@@ -8,6 +8,7 @@
 // builds its own LLM client, evaluator and Orchestrator.
 #pragma once
 
+#include <optional>
 #include <memory>
 #include <string>
 
@@ -38,8 +39,10 @@ class OrchestratorRunner final : public SearchRunner {
 
 // An evaluator for a stored problem: the source written to a private file that
 // lives as long as the evaluator. FailedPrecondition when the spec cannot run
-// here (no GPU).
+// here (no GPU). When `gpu` is given, it receives the device facts the
+// evaluator measured (search/evaluator_factory.h), if any.
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const store::ProblemRow& problem,
-                                                                         const EvaluatorOptions& options);
+                                                                         const EvaluatorOptions& options,
+                                                                         std::optional<GpuFacts>* gpu = nullptr);
 
 }  // namespace ks::server

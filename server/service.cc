@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/files.h"
+#include "search/report.h"
 #include "server/convert.h"
 #include "server/status_convert.h"
 #include "server/temp_dir.h"
@@ -237,6 +238,16 @@ grpc::Status KernelSearchService::GetSearch(grpc::ServerContext* ctx, const pb::
     KS_ASSIGN_OR_RETURN(int64_t id, ParseId("search_id", req->search_id()));
     KS_ASSIGN_OR_RETURN(store::SearchSummary s, deps_.store->Summarize(id));
     FillSearchInfo(s, resp);
+    return Status::Ok();
+  });
+}
+
+grpc::Status KernelSearchService::GetReport(grpc::ServerContext* ctx, const pb::GetReportRequest* req,
+                                            pb::GetReportResponse* resp) {
+  return Handle("GetReport", ctx->client_metadata(), [&]() -> Status {
+    KS_ASSIGN_OR_RETURN(int64_t id, ParseId("search_id", req->search_id()));
+    KS_ASSIGN_OR_RETURN(std::string html, RenderReportHtml(deps_.store, id));
+    resp->set_html(std::move(html));
     return Status::Ok();
   });
 }

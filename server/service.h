@@ -58,6 +58,8 @@ class KernelSearchService final
       ::grpc::CallbackServerContext* ctx, const ::kernelsearch::v1::WatchSearchRequest* req) override;
   ::grpc::Status CancelSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::CancelSearchRequest* req,
                               ::kernelsearch::v1::SearchInfo* resp) override;
+  ::grpc::Status GetReport(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetReportRequest* req,
+                           ::kernelsearch::v1::GetReportResponse* resp) override;
   ::grpc::Status GetSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetSearchRequest* req,
                            ::kernelsearch::v1::SearchInfo* resp) override;
   ::grpc::Status ListSearches(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ListSearchesRequest* req,

@@ -92,12 +92,19 @@ std::string SignatureTable(const Signature& sig) {
 }
 
 std::string GpuFactsText(const GpuFacts& g) {
-  std::string out = fmt::format("- {} (compute capability {}), {} SMs\n", g.name, g.compute_capability, g.sm_count);
-  out += "- Shared memory: " + Bytes(g.shared_bytes_per_block) + " per block (opt-in maximum)";
+  // A zero or blank figure would read as a fact ("0 SMs"); an unmeasured one is
+  // said to be unknown instead (a split search before its GPU node reported).
+  auto known = [](auto v, const std::string& text) { return v ? text : std::string("unknown"); };
+  std::string out = fmt::format("- {} (compute capability {}), {} SMs\n", g.name.empty() ? "GPU model unknown" : g.name,
+                                g.compute_capability.empty() ? "unknown" : g.compute_capability,
+                                known(g.sm_count, std::to_string(g.sm_count)));
+  out += "- Shared memory: " + known(g.shared_bytes_per_block, Bytes(g.shared_bytes_per_block)) +
+         " per block (opt-in maximum)";
   if (g.shared_bytes_per_sm) out += ", " + Bytes(g.shared_bytes_per_sm) + " per SM";
-  out += "\n- L2 cache: " + Bytes(g.l2_bytes) + "\n";
+  out += "\n- L2 cache: " + known(g.l2_bytes, Bytes(g.l2_bytes)) + "\n";
   if (g.registers_per_sm) out += fmt::format("- Registers: {} per SM\n", g.registers_per_sm);
-  out += fmt::format("- Memory bandwidth (measured): {:.0f} GB/s\n", g.memory_bandwidth_gbps);
+  out += "- Memory bandwidth (measured): " +
+         known(g.memory_bandwidth_gbps > 0, fmt::format("{:.0f} GB/s", g.memory_bandwidth_gbps)) + "\n";
   std::vector<std::string> peaks;
   if (g.fp32_tflops) peaks.push_back(fmt::format("FP32 {:.1f}", g.fp32_tflops));
   if (g.tf32_tflops) peaks.push_back(fmt::format("TF32 tensor cores {:.0f}", g.tf32_tflops));
@@ -105,6 +112,24 @@ std::string GpuFactsText(const GpuFacts& g) {
   if (peaks.empty()) return out + "- Compute peaks: unknown";
   out += "- Dense matmul peaks (measured, cuBLAS), TFLOP/s: ";
   for (size_t i = 0; i < peaks.size(); ++i) out += (i ? ", " : "") + peaks[i];
+  return out;
+}
+
+std::string BankExamplesText(const std::vector<BankKernel>& bank) {
+  if (bank.empty()) return "";
+  std::string out =
+      "\n\n## Kernels that worked for similar operators\n\n"
+      "Measured, correct kernels from earlier searches on related problems (other shapes or a similar "
+      "operator). They are examples, not answers: the shapes and the computation here may differ.\n";
+  for (const auto& b : bank) {
+    out += fmt::format("\n### {} (bank kernel {})", b.problem_name, b.candidate_id);
+    std::vector<std::string> figures;
+    if (b.speedup_eager) figures.push_back(fmt::format("{:.2f}x over eager", *b.speedup_eager));
+    if (b.speedup_compile) figures.push_back(fmt::format("{:.2f}x over torch.compile", *b.speedup_compile));
+    if (b.median_ms) figures.push_back(fmt::format("median {:.4f} ms", *b.median_ms));
+    for (size_t i = 0; i < figures.size(); ++i) out += (i ? ", " : ": ") + figures[i];
+    out += "\n\n```cuda\n" + Capped(b.source, kMaxLogChars) + "\n```\n\n```json\n" + b.plan_json + "\n```\n";
+  }
   return out;
 }
 
@@ -171,6 +196,7 @@ StatusOr<RenderedPrompt> RenderIdeasPrompt(const PromptLibrary& lib, const Ideas
   for (const auto& t : in.tried) tried.push_back({{"idea", t.idea}, {"outcome", t.outcome}});
   v.SetList("tried_ideas", std::move(tried));
   v.Set("num_ideas", std::to_string(in.num_ideas));
+  v.Set("bank_examples", BankExamplesText(in.bank));
   return Render(lib, "ideas", v);
 }
 
@@ -178,6 +204,7 @@ StatusOr<RenderedPrompt> RenderImplementPrompt(const PromptLibrary& lib, const I
   TemplateVars v = ProblemVars(in.problem);
   SetParentVars(in.parent, &v);
   v.Set("idea", in.idea);
+  v.Set("bank_examples", in.parent.candidate ? std::string() : BankExamplesText(in.bank));
   return Render(lib, "implement", v);
 }
 

@@ -56,17 +56,31 @@ struct ProblemContext {
   GpuFacts gpu;
 };
 
+// A kernel from the bank (the best correct kernel of another problem in the
+// store), shown as an example with what it measured.
+struct BankKernel {
+  int64_t candidate_id = 0;
+  std::string problem_name;
+  std::string source;
+  std::string plan_json;
+  std::optional<double> median_ms;
+  std::optional<double> speedup_eager;
+  std::optional<double> speedup_compile;
+};
+
 struct IdeasPromptInputs {
   ProblemContext problem;
   ParentKernel parent;
   std::vector<TriedIdea> tried;  // in this lineage, from this parent
   int num_ideas = 4;
+  std::vector<BankKernel> bank;  // examples from other problems; may be empty
 };
 
 struct ImplementPromptInputs {
   ProblemContext problem;
   ParentKernel parent;
   std::string idea;
+  std::vector<BankKernel> bank;  // shown only when there is no parent kernel (round 0)
 };
 
 struct RepairPromptInputs {
@@ -90,7 +104,8 @@ StatusOr<RenderedPrompt> RenderRepairPrompt(const PromptLibrary& lib, const Repa
 
 // The pieces, as the templates get them.
 std::string SignatureTable(const Signature& sig);     // a markdown table
-std::string GpuFactsText(const GpuFacts& gpu);         // a bullet list
+std::string GpuFactsText(const GpuFacts& gpu);         // a bullet list; unknown figures say "unknown"
+std::string BankExamplesText(const std::vector<BankKernel>& bank);  // "" when empty
 std::string MeasurementsText(const ParentKernel& parent);
 std::string FailureDetails(const Evaluation& e);       // compile log, plan error or mismatch figures
 

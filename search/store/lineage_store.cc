@@ -121,6 +121,27 @@ CREATE INDEX llm_calls_by_slot ON llm_calls(search_id, slot_key, prompt_sha256);
       R"sql(
 ALTER TABLE searches ADD COLUMN elapsed_s REAL NOT NULL DEFAULT 0;
 )sql",
+      // 4: what a GPU node measured about its device, so that the model side of
+      // a split search (a machine without the GPU) can tell the model true
+      // figures; and which bank kernels (best kernels of other problems) each
+      // prompt showed, so that the lineage says where an idea may have come from.
+      R"sql(
+CREATE TABLE gpu_facts (
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL,
+  facts_json TEXT NOT NULL,
+  search_id INTEGER REFERENCES searches(id),
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX gpu_facts_by_name ON gpu_facts(name, id);
+CREATE INDEX gpu_facts_by_search ON gpu_facts(search_id, id);
+CREATE TABLE bank_shown (
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  slot_key TEXT NOT NULL,
+  bank_candidate INTEGER NOT NULL REFERENCES candidates(id),
+  PRIMARY KEY (search_id, slot_key, bank_candidate)
+);
+)sql",
   };
   return kSteps;
 }
@@ -579,6 +600,14 @@ StatusOr<SearchSummary> LineageStore::Summarize(int64_t search_id) {
   SearchSummary s;
   KS_ASSIGN_OR_RETURN(s.search, GetSearch(search_id));
   KS_ASSIGN_OR_RETURN(s.spend, Spend(search_id));
+  KS_ASSIGN_OR_RETURN(s.failed_calls, FailedLlmCalls(search_id));
+  if (s.failed_calls > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    KS_STMT(q, "SELECT error FROM llm_calls WHERE search_id = ? AND error != '' ORDER BY id LIMIT 1");
+    q.Bind(1, search_id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) s.first_llm_error = q.Text(0);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   {
     KS_STMT(q, "SELECT name FROM problems WHERE id = ?");
@@ -941,6 +970,94 @@ StatusOr<LlmSpend> LineageStore::Spend(int64_t search_id) {
     s.cost_usd = q.Real(3);
   }
   return s;
+}
+
+// ---- device facts ----
+
+Status LineageStore::PutGpuFacts(const std::string& name, const std::string& facts_json,
+                                 std::optional<int64_t> search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(ins, "INSERT INTO gpu_facts (name, facts_json, search_id) VALUES (?, ?, ?)");
+  ins.Bind(1, name).Bind(2, facts_json);
+  if (search_id) ins.Bind(3, *search_id);
+  return ins.Run();
+}
+
+StatusOr<std::optional<std::string>> LineageStore::LatestGpuFacts(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT facts_json FROM gpu_facts WHERE name = ? ORDER BY id DESC LIMIT 1");
+  q.Bind(1, name);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(q.Text(0));
+}
+
+StatusOr<std::optional<std::string>> LineageStore::LatestGpuFactsForSearch(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT facts_json FROM gpu_facts WHERE search_id = ? ORDER BY id DESC LIMIT 1");
+  q.Bind(1, search_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<std::string>();
+  return std::optional<std::string>(q.Text(0));
+}
+
+// ---- the kernel bank ----
+
+StatusOr<std::vector<BankEntry>> LineageStore::BankCandidates(int64_t exclude_problem_id) {
+  std::vector<std::pair<int64_t, ProblemRow>> problems;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KS_STMT(q, "SELECT id, name, source FROM problems WHERE id != ? ORDER BY id");
+    q.Bind(1, exclude_problem_id);
+    for (;;) {
+      KS_ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      ProblemRow p;
+      p.id = q.Int(0);
+      p.name = q.Text(1);
+      p.source = q.Text(2);
+      problems.push_back({p.id, std::move(p)});
+    }
+  }
+  std::vector<BankEntry> out;
+  for (auto& [id, p] : problems) {
+    KS_ASSIGN_OR_RETURN(auto best, BestCorrectForProblem(id));
+    if (!best) continue;
+    out.push_back(BankEntry{std::move(p), std::move(*best)});
+  }
+  return out;
+}
+
+Status LineageStore::RecordBankShown(int64_t search_id, const std::string& slot_key,
+                                     const std::vector<int64_t>& bank_candidates) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t c : bank_candidates) {
+    KS_STMT(ins, "INSERT OR IGNORE INTO bank_shown (search_id, slot_key, bank_candidate) VALUES (?, ?, ?)");
+    ins.Bind(1, search_id).Bind(2, slot_key).Bind(3, c);
+    KS_RETURN_IF_ERROR(ins.Run());
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<std::pair<std::string, int64_t>>> LineageStore::ListBankShown(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT slot_key, bank_candidate FROM bank_shown WHERE search_id = ? ORDER BY slot_key, bank_candidate");
+  q.Bind(1, search_id);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back({q.Text(0), q.Int(1)});
+  }
+  return out;
+}
+
+StatusOr<int64_t> LineageStore::FailedLlmCalls(int64_t search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(q, "SELECT COUNT(*) FROM llm_calls WHERE search_id = ? AND error != ''");
+  q.Bind(1, search_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  return row ? q.Int(0) : int64_t{0};
 }
 
 #undef KS_STMT

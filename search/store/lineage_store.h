@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "common/status.h"
 #include "evaluator/evaluation.h"
@@ -140,6 +141,14 @@ struct SearchSummary {
   std::optional<double> best_speedup_eager;
   std::optional<double> best_median_ms;
   LlmSpend spend;
+  int64_t failed_calls = 0;  // model calls that returned an error (timeouts, HTTP errors)
+  std::string first_llm_error;  // the first of them, "" when none
+};
+
+// A bank kernel: the best correct kernel the store holds for another problem.
+struct BankEntry {
+  ProblemRow problem;       // id, name and source only
+  CandidateRow candidate;   // with its evaluation
 };
 
 struct RoundRow {
@@ -235,6 +244,20 @@ class LineageStore {
   // Every call of a search, by id (finished_only: successful ones only).
   StatusOr<std::vector<LlmCallRow>> ListLlmCalls(int64_t search_id, bool finished_only);
   StatusOr<LlmSpend> Spend(int64_t search_id);
+  StatusOr<int64_t> FailedLlmCalls(int64_t search_id);
+
+  // Device facts (search/llm/prompts.h GpuFacts as JSON) a GPU node measured,
+  // by GPU name and optionally the search it evaluated for. Latest wins.
+  Status PutGpuFacts(const std::string& name, const std::string& facts_json, std::optional<int64_t> search_id);
+  StatusOr<std::optional<std::string>> LatestGpuFacts(const std::string& name);
+  StatusOr<std::optional<std::string>> LatestGpuFactsForSearch(int64_t search_id);
+
+  // The kernel bank: for every problem but `exclude_problem_id`, its best
+  // correct kernel (problems without one are left out); by problem id.
+  StatusOr<std::vector<BankEntry>> BankCandidates(int64_t exclude_problem_id);
+  // Which bank kernels the prompt of (search, slot) showed.
+  Status RecordBankShown(int64_t search_id, const std::string& slot_key, const std::vector<int64_t>& bank_candidates);
+  StatusOr<std::vector<std::pair<std::string, int64_t>>> ListBankShown(int64_t search_id);
 
  private:
   LineageStore(std::string path, SqliteDbPtr db) : path_(std::move(path)), db_(std::move(db)) {}

@@ -25,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -343,6 +344,174 @@ TEST_F(SearchE2eTest, DeviceFactsFromTheEvaluatorReachTheConfigAndPrompts) {
   EXPECT_NE(prompt.find("Fake H100 (compute capability 9.0), 132 SMs"), std::string::npos) << prompt;
   EXPECT_NE(prompt.find("3021 GB/s"), std::string::npos) << prompt;
   EXPECT_NE(prompt.find("TFLOP/s: FP32 51.2, TF32 tensor cores 361"), std::string::npos) << prompt;
+}
+
+}  // namespace
+}  // namespace ks
+
+namespace ks {
+namespace {
+
+// What a prompt must never say about a GPU: a zero or blank figure reads as a fact.
+void ExpectNoZeroFact(const std::string& prompt, const std::string& where) {
+  for (const char* bad : {" 0 SMs", "compute capability )", "Shared memory: 0 B", "L2 cache: 0 B", ": 0 GB/s",
+                          "- (compute capability"})
+    EXPECT_EQ(prompt.find(bad), std::string::npos) << where << " holds '" << bad << "':\n" << prompt;
+}
+
+// Issue 15, part 1: the model side of a split search learns the device facts
+// the GPU node measured (evaluate-pending stores them), and no prompt ever
+// shows a zero: before any GPU node reported, figures say "unknown".
+TEST_F(SearchE2eTest, SplitSearchPromptsUseTheGpuNodesFactsAndNeverAZero) {
+  const std::string db = Path("split_facts.db");
+  nlohmann::json facts = {{"name", "Fake H100"},       {"compute_capability", "9.0"},
+                          {"sm_count", 132},           {"shared_bytes_per_block", 232448},
+                          {"l2_bytes", 52428800},      {"memory_bandwidth_gbps", 2951.0},
+                          {"fp32_tflops", 51.2}};
+  const std::string spec = EvaluatorSpec("facts_eval.json", Path("facts.log"), 0, {{"gpu", facts}});
+  std::vector<std::string> generate = NewSearchArgs(db, 1, 2);
+  for (auto& a : generate)
+    if (a == "Fake GPU 1") a = "Fake H100";
+  generate.push_back("--generate-only");
+  bool finished = false;
+  int notes = 0;
+  for (int step = 0; step < 20 && !finished; ++step) {
+    SubprocessResult gen = Run(generate);
+    ASSERT_TRUE(gen.Succeeded()) << gen.Describe() << "\nstderr: " << gen.err;
+    // Said once, on creation; never again on resume.
+    if (gen.err.find("no device facts for GPU 'Fake H100'") != std::string::npos) ++notes;
+    finished = gen.out.find("finished") != std::string::npos;
+    generate = ResumeArgs(db, 1);
+    generate.push_back("--generate-only");
+    SubprocessResult ev = Run({kBinary, "evaluate-pending", "--db", db, "--evaluator", spec, "--quiet"});
+    ASSERT_TRUE(ev.Succeeded()) << ev.Describe() << "\nstderr: " << ev.err;
+  }
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(notes, 1);
+
+  auto store = LineageStore::Open(db);
+  ASSERT_TRUE(store.ok());
+  auto calls = (*store)->ListLlmCalls(1, false);
+  ASSERT_TRUE(calls.ok());
+  ASSERT_FALSE(calls->empty());
+  int unknown = 0, measured = 0;
+  for (const auto& c : *calls) {
+    ExpectNoZeroFact(c.record.prompt, "call " + std::to_string(c.id) + " (" + c.slot_key + ")");
+    if (c.record.prompt.find("Fake H100 (compute capability unknown), unknown SMs") != std::string::npos) ++unknown;
+    if (c.record.prompt.find("Fake H100 (compute capability 9.0), 132 SMs") != std::string::npos &&
+        c.record.prompt.find("Memory bandwidth (measured): 2951 GB/s") != std::string::npos)
+      ++measured;
+  }
+  EXPECT_GT(unknown, 0);   // round 0, before the GPU node reported
+  EXPECT_GT(measured, 0);  // round 1, after it did
+  EXPECT_EQ(unknown + measured, static_cast<int>(calls->size()));
+
+  // A new split search naming that GPU starts from its facts at once.
+  std::vector<std::string> second = NewSearchArgs(db, 0, 2);
+  for (auto& a : second)
+    if (a == "Fake GPU 1") a = "Fake H100";
+  second.push_back("--generate-only");
+  SubprocessResult gen = Run(second);
+  ASSERT_TRUE(gen.Succeeded()) << gen.Describe() << "\nstderr: " << gen.err;
+  EXPECT_EQ(gen.err.find("no device facts"), std::string::npos) << gen.err;
+  auto calls2 = (*store)->ListLlmCalls(2, false);
+  ASSERT_TRUE(calls2.ok());
+  ASSERT_FALSE(calls2->empty());
+  EXPECT_NE(calls2->front().record.prompt.find("132 SMs"), std::string::npos) << calls2->front().record.prompt;
+}
+
+// Issue 15, part 2: a model that fails every call makes `search` exit 3 (the
+// environment) and say how many calls failed and the first error; history
+// shows the failed calls too.
+TEST_F(SearchE2eTest, AFailingModelMakesSearchExitThreeWithTheError) {
+  const std::string db = Path("fail.db");
+  const std::string script = Path("broken_model.sh");
+  ASSERT_TRUE(WriteFile(script, "#!/bin/sh\necho 'HTTP 401 invalid api key' >&2\nexit 1\n").ok());
+  for (bool generate_only : {true, false}) {
+    std::vector<std::string> args = NewSearchArgs(db, 0, 2);
+    for (auto& a : args)
+      if (a == kModel) a = "command:/bin/sh " + script;
+    if (generate_only) args.push_back("--generate-only");
+    else args.insert(args.end(), {"--evaluator", EvaluatorSpec("fail_eval.json", Path("fail.log"), 0)});
+    SubprocessResult r = Run(args);
+    EXPECT_EQ(r.exit_code, 3) << r.Describe() << "\nstdout: " << r.out << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find("model calls failed; first error:"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("HTTP 401 invalid api key"), std::string::npos) << r.err;
+  }
+  SubprocessResult h = Run({kBinary, "history", "--db", db});
+  ASSERT_TRUE(h.Succeeded()) << h.Describe() << h.err;
+  EXPECT_NE(h.out.find("failed"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("first failed model call:"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("HTTP 401 invalid api key"), std::string::npos) << h.out;
+  SubprocessResult hj = Run({kBinary, "history", "--db", db, "--json"});
+  auto arr = nlohmann::json::parse(hj.out, nullptr, false);
+  ASSERT_TRUE(arr.is_array() && !arr.empty()) << hj.out;
+  EXPECT_EQ(arr[0].value("failed_llm_calls", int64_t{0}), 2) << hj.out;  // 2 branches of round 0
+}
+
+// Issue 15, part 4: a second problem's round-0 prompt shows the first
+// problem's best kernel (the same operator at another shape), with its
+// speedup; the lineage records it; --no-bank turns it off.
+TEST_F(SearchE2eTest, ASecondProblemsRoundZeroPromptShowsTheFirstProblemsBestKernel) {
+  const std::string db = Path("bank.db");
+  auto problem = [&](const std::string& name, int rows, int cols) {
+    std::string py = Path(name + ".py");
+    EXPECT_TRUE(WriteFile(py, "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                              "        return torch.softmax(x, dim=1)\n\ndef get_inputs():\n    return [torch.randn(" +
+                                  std::to_string(rows) + ", " + std::to_string(cols) +
+                                  ")]\n\ndef get_init_inputs():\n    return []\n")
+                    .ok());
+    Signature sig;
+    sig.name = name;
+    sig.file = py;
+    sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {rows, cols}, .strides = {cols, 1}});
+    sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {rows, cols}, .strides = {cols, 1}});
+    std::string sig_path = Path(name + ".sig.json");
+    EXPECT_TRUE(WriteFile(sig_path, SignatureToJson(sig).dump()).ok());
+    return std::make_pair(py, sig_path);
+  };
+  auto search = [&](const std::pair<std::string, std::string>& p, bool bank) {
+    std::vector<std::string> args = {kBinary,  "search",    p.first,  "--db",     db,        "--signature",
+                                     p.second, "--model",   kModel,   "--rounds", "0",       "--branches",
+                                     "2",      "--repair",  "0",      "--quiet",  "--json",  "--evaluator",
+                                     EvaluatorSpec("bank_eval.json", Path("bank.log"), 0)};
+    if (!bank) args.push_back("--no-bank");
+    nlohmann::json out = RunToOutcome(args);
+    EXPECT_EQ(out.value("status", ""), "finished") << out.dump();
+    return out;
+  };
+  nlohmann::json first = search(problem("softmax_small", 64, 512), true);
+  ASSERT_TRUE(first.contains("best_candidate")) << first.dump();
+  const int64_t bank_kernel = first["best_candidate"].get<int64_t>();
+  nlohmann::json second = search(problem("softmax_wide", 8, 8192), true);
+  nlohmann::json third = search(problem("softmax_tall", 4096, 64), false);
+
+  auto store = LineageStore::Open(db);
+  ASSERT_TRUE(store.ok());
+  auto best = (*store)->GetCandidate(bank_kernel);
+  ASSERT_TRUE(best.ok());
+  const int64_t second_id = second.value("search", int64_t{0});
+  auto calls = (*store)->ListLlmCalls(second_id, false);
+  ASSERT_TRUE(calls.ok());
+  ASSERT_FALSE(calls->empty());
+  for (const auto& c : *calls) {
+    const std::string& p = c.record.prompt;
+    EXPECT_NE(p.find("## Kernels that worked for similar operators"), std::string::npos) << p;
+    EXPECT_NE(p.find("### softmax_small (bank kernel " + std::to_string(bank_kernel) + ")"), std::string::npos) << p;
+    EXPECT_NE(p.find(fmt::format("{:.2f}x over eager", *best->evaluation->speedup_eager)), std::string::npos) << p;
+    EXPECT_NE(p.find(best->source), std::string::npos) << p;
+  }
+  auto shown = (*store)->ListBankShown(second_id);
+  ASSERT_TRUE(shown.ok());
+  EXPECT_EQ(shown->size(), calls->size());  // one per round-0 implement prompt
+  for (const auto& [slot, id] : *shown) EXPECT_EQ(id, bank_kernel) << slot;
+
+  const int64_t third_id = third.value("search", int64_t{0});
+  auto calls3 = (*store)->ListLlmCalls(third_id, false);
+  ASSERT_TRUE(calls3.ok());
+  ASSERT_FALSE(calls3->empty());
+  for (const auto& c : *calls3) EXPECT_EQ(c.record.prompt.find("similar operators"), std::string::npos);
+  EXPECT_TRUE((*store)->ListBankShown(third_id)->empty());
 }
 
 }  // namespace

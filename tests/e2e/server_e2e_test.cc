@@ -7,9 +7,11 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/files.h"
 #include "evaluator/problem.h"
+#include "search/store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
 
@@ -247,6 +249,103 @@ TEST(ServerE2E, SearchRunsWatchedToTheEndThenBrowsed) {
   out = RunSubprocess(cli);
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->exit_code, 3) << out->err;  // kExitEnv: unauthenticated
+  EXPECT_EQ(h.Terminate(), "exit code 0");
+}
+
+// Issue 15: the report over the API (authenticated like every call), and the
+// CLI's `remote report`.
+TEST(ServerE2E, ReportOverTheApi) {
+  ServerHarness h;
+  int64_t problem = h.SeedProblem();
+  h.Start();
+  auto c = h.Connect();
+  auto started = c->StartSearch(SmallSearch(problem));
+  ASSERT_TRUE(started.ok()) << started.status().ToString() << h.Log();
+  const std::string id = started->search_id();
+  ExpectWellFormed(WatchAll(*c, id));
+
+  pb::GetReportRequest req;
+  req.set_search_id(id);
+  auto r = c->GetReport(req);
+  ASSERT_TRUE(r.ok()) << r.status().ToString() << h.Log();
+  EXPECT_NE(r->html().find("id=\"ks-data\""), std::string::npos);
+  EXPECT_NE(r->html().find("Licensed to the Apache Software Foundation"), std::string::npos);  // ECharts, inlined
+  EXPECT_NE(r->html().find("\"id\":" + id + ","), std::string::npos);
+  pb::GetReportRequest missing;
+  missing.set_search_id("999999");
+  EXPECT_EQ(c->GetReport(missing).status().code(), Code::kNotFound);
+  EXPECT_EQ(h.Connect("not-the-token-not-the-token")->GetReport(req).status().code(), Code::kUnauthenticated);
+
+  SubprocessOptions cli;
+  cli.argv = {KS_CLI_BINARY, "remote", "report", id, "--out", h.Path("remote.html"), "--server", h.address(),
+              "--token-file", h.Path("token")};
+  cli.unset_env = {"KS_SERVER_TOKEN"};
+  auto out = RunSubprocess(cli);
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(out->Succeeded()) << out->err;
+  auto written = ReadFile(h.Path("remote.html"), 64 << 20);
+  ASSERT_TRUE(written.ok());
+  EXPECT_EQ(*written, r->html());
+  EXPECT_EQ(h.Terminate(), "exit code 0");
+}
+
+// Issue 15: a server's searches tell the model what the server's GPU measured
+// (here the scripted evaluator stands for one), and the store keeps the facts
+// for split searches that name that GPU.
+TEST(ServerE2E, ServerSearchPromptsStateTheMeasuredGpuFacts) {
+  ServerHarness h;
+  auto config = ReadFile(h.Path("evaluator.json"));
+  ASSERT_TRUE(config.ok());
+  nlohmann::json j = nlohmann::json::parse(*config);
+  j["gpu"] = {{"name", "Fake H100"}, {"compute_capability", "9.0"}, {"sm_count", 132},
+              {"shared_bytes_per_block", 232448}, {"l2_bytes", 52428800}, {"memory_bandwidth_gbps", 2951.0}};
+  ASSERT_TRUE(WriteFile(h.Path("evaluator.json"), j.dump()).ok());
+  int64_t problem = h.SeedProblem();
+  h.Start();
+  auto c = h.Connect();
+  auto started = c->StartSearch(SmallSearch(problem));
+  ASSERT_TRUE(started.ok()) << started.status().ToString() << h.Log();
+  ExpectWellFormed(WatchAll(*c, started->search_id()));
+  EXPECT_EQ(h.Terminate(), "exit code 0");
+  auto store = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(store.ok());
+  auto calls = (*store)->ListLlmCalls(std::stoll(started->search_id()), false);
+  ASSERT_TRUE(calls.ok());
+  ASSERT_FALSE(calls->empty());
+  for (const auto& call : *calls) {
+    EXPECT_NE(call.record.prompt.find("Fake H100 (compute capability 9.0), 132 SMs"), std::string::npos)
+        << call.record.prompt;
+    EXPECT_NE(call.record.prompt.find("Memory bandwidth (measured): 2951 GB/s"), std::string::npos);
+  }
+  auto facts = (*store)->LatestGpuFacts("Fake H100");
+  ASSERT_TRUE(facts.ok());
+  EXPECT_TRUE(facts->has_value());
+}
+
+// Issue 15: failed model calls are in the watch stream's search info (count
+// and first error), and `watch` prints them.
+TEST(ServerE2E, FailedModelCallsReachTheWatchStream) {
+  ServerHarness h;
+  ASSERT_TRUE(WriteFile(h.Path("model.sh"), "#!/bin/sh\necho 'HTTP 401 invalid api key' >&2\nexit 1\n").ok());
+  std::filesystem::permissions(h.Path("model.sh"), std::filesystem::perms::owner_all);
+  int64_t problem = h.SeedProblem();
+  h.Start();
+  auto c = h.Connect();
+  auto started = c->StartSearch(SmallSearch(problem, 0));
+  ASSERT_TRUE(started.ok()) << started.status().ToString() << h.Log();
+  const std::string id = started->search_id();
+  Watched w = WatchAll(*c, id);
+  ExpectWellFormed(w);
+  const pb::SearchInfo& fin = w.events.back().finished();
+  EXPECT_GE(fin.failed_llm_calls(), 2) << fin.DebugString();  // at least both branches of round 0
+  EXPECT_NE(fin.first_llm_error().find("HTTP 401 invalid api key"), std::string::npos) << fin.DebugString();
+  SubprocessOptions cli;
+  cli.argv = {KS_CLI_BINARY, "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
+  cli.unset_env = {"KS_SERVER_TOKEN"};
+  auto out = RunSubprocess(cli);
+  ASSERT_TRUE(out.ok());
+  EXPECT_NE(out->out.find(std::to_string(fin.failed_llm_calls()) + " failed model calls; first:"), std::string::npos)
+      << out->out;
   EXPECT_EQ(h.Terminate(), "exit code 0");
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "common/files.h"
+#include "search/kernel_bank.h"
 #include "search/llm/prompt_template.h"
 #include "search/llm/prompts.h"
 #include "search/llm/response_parser.h"
@@ -159,12 +160,74 @@ TEST(LlmPromptTest, ImplementAndRepairPromptsRender) {
   EXPECT_NE(r->user.find("1024 elements outside tolerance (first at flat index 65536)"), std::string::npos);
 }
 
+// Issue 15: an unmeasured device (a split search before its GPU node
+// reported) is described as unknown, never as zeros or blanks.
+TEST(LlmPromptTest, UnmeasuredFactsAreUnknownNeverZeroOrBlank) {
+  GpuFacts g;
+  std::string text = GpuFactsText(g);
+  EXPECT_THAT(text, HasSubstr("- GPU model unknown (compute capability unknown), unknown SMs"));
+  EXPECT_THAT(text, HasSubstr("- Shared memory: unknown per block"));
+  EXPECT_THAT(text, HasSubstr("- L2 cache: unknown"));
+  EXPECT_THAT(text, HasSubstr("- Memory bandwidth (measured): unknown"));
+  for (const char* bad : {" 0 SMs", "0 B", "0 GB/s", "()", "capability )"})
+    EXPECT_EQ(text.find(bad), std::string::npos) << bad << " in:\n" << text;
+  g.name = "NVIDIA H100 80GB HBM3";
+  g.memory_bandwidth_gbps = 2951;
+  text = GpuFactsText(g);
+  EXPECT_THAT(text, HasSubstr("- NVIDIA H100 80GB HBM3 (compute capability unknown), unknown SMs"));
+  EXPECT_THAT(text, HasSubstr("Memory bandwidth (measured): 2951 GB/s"));
+}
+
+// Issue 15, the kernel bank: the similarity rule and what prompts show.
+TEST(KernelBankTest, SimilarityIsTheOverlapOfTheTorchOperationsNamed) {
+  const std::string softmax = "import torch\nclass Model(torch.nn.Module):\n  def forward(self, x):\n"
+                              "    return torch.softmax(x, dim=1)\ndef get_inputs():\n  return [torch.randn(8, 8)]\n";
+  const std::string softmax_f = "import torch.nn.functional as F\nclass Model(torch.nn.Module):\n"
+                                "  def forward(self, x):\n    return F.softmax(x, dim=-1)\n";
+  const std::string conv_relu = "class Model(nn.Module):\n  def __init__(self):\n    self.c = nn.Conv2d(3, 8, 3)\n"
+                                "  def forward(self, x):\n    return torch.relu(self.c(x))\n";
+  const std::string relu = "class Model(torch.nn.Module):\n  def forward(self, x):\n    return torch.relu(x)\n";
+  EXPECT_EQ(OperatorSet(softmax), (std::set<std::string>{"softmax"}));  // randn, Module: not operators
+  EXPECT_EQ(OperatorSet(conv_relu), (std::set<std::string>{"Conv2d", "relu"}));
+  EXPECT_DOUBLE_EQ(OperatorSimilarity(OperatorSet(softmax), OperatorSet(softmax_f)), 1.0);
+  EXPECT_DOUBLE_EQ(OperatorSimilarity(OperatorSet(conv_relu), OperatorSet(relu)), 0.5);
+  EXPECT_DOUBLE_EQ(OperatorSimilarity(OperatorSet(softmax), OperatorSet(relu)), 0.0);
+  EXPECT_DOUBLE_EQ(OperatorSimilarity({}, {}), 0.0);
+
+  auto entry = [](int64_t problem, const std::string& source, int64_t cand, double speedup) {
+    store::BankEntry e;
+    e.problem.id = problem;
+    e.problem.name = "p" + std::to_string(problem);
+    e.problem.source = source;
+    e.candidate.id = cand;
+    e.candidate.source = "// kernel " + std::to_string(cand);
+    e.candidate.evaluation = store::EvaluationRow{.status = EvalStatus::kCorrect, .median_ms = 1.0 / speedup,
+                                                  .speedup_eager = speedup};
+    return e;
+  };
+  std::vector<store::BankEntry> entries = {entry(1, relu, 10, 3.0), entry(2, softmax_f, 20, 1.5),
+                                           entry(3, conv_relu, 30, 9.0), entry(4, softmax, 40, 2.5)};
+  // Same operator first (the faster of the two), then nothing below 0.5.
+  auto picked = SelectBankKernels(softmax, entries);
+  ASSERT_EQ(picked.size(), 2u);
+  EXPECT_EQ(picked[0].candidate_id, 40);
+  EXPECT_EQ(picked[1].candidate_id, 20);
+  picked = SelectBankKernels(relu, entries);
+  ASSERT_EQ(picked.size(), 2u);
+  EXPECT_EQ(picked[0].candidate_id, 10);  // overlap 1 beats the faster conv+relu (0.5)
+  EXPECT_EQ(picked[1].candidate_id, 30);
+  std::string text = BankExamplesText(picked);
+  EXPECT_THAT(text, HasSubstr("### p1 (bank kernel 10): 3.00x over eager"));
+  EXPECT_THAT(text, HasSubstr("// kernel 30"));
+  EXPECT_EQ(BankExamplesText({}), "");
+}
+
 TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
   PromptLibrary lib = Library();
   TemplateVars v;
   for (const char* name :
        {"problem_name", "problem_source", "signature_table", "gpu_facts", "parent_description", "parent_code",
-        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status",
+        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status", "bank_examples",
         "failure_details"})
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
