@@ -186,8 +186,9 @@ std::string TopKernelsText(const std::vector<TopKernel>& best) {
   std::string out;
   for (size_t i = 0; i < best.size(); ++i) {
     const TopKernel& k = best[i];
-    out += fmt::format("{}. kernel #{}{}: {}\n", i + 1, k.id, k.is_parent ? " (the starting point below)" : "",
-                       FiguresLine(k.evaluation));
+    // No row ids: they depend on thread timing, and a prompt must be the same
+    // in every run of a search (replays and resumes depend on it).
+    out += fmt::format("{}.{} {}\n", i + 1, k.is_parent ? " (the starting point below)" : "", FiguresLine(k.evaluation));
     out += "   idea: " + (k.idea.empty() ? std::string("(the seed kernel)") : Capped(k.idea, 800)) + "\n";
     for (const auto& l : k.evaluation.launches)
       out += fmt::format("   launch `{}`: grid ({}, {}, {}), block ({}, {}, {}), {} dynamic shared\n", l.kernel,

@@ -51,7 +51,7 @@ struct ParentKernel {
 // One of the best correct kernels of the search so far, as the ideas prompt
 // lists them so that a model can combine what worked.
 struct TopKernel {
-  int64_t id = 0;
+  int64_t id = 0;            // for the caller; prompts do not show it
   std::string idea;          // the idea it implements ("" for the seed)
   Evaluation evaluation;     // its figures
   bool is_parent = false;    // the starting point of this prompt

@@ -230,7 +230,9 @@ TEST_F(OrchestratorTest, ThreeRoundSearchBuildsTheRightLineage) {
   ASSERT_TRUE(round2.has_value());
   for (int64_t parent : round2->beam) {
     auto lineage = *store->Lineage(parent);
-    ASSERT_GE(lineage.size(), 2u);
+    // A round-0 kernel may still be among the fastest (times come from prompt
+    // hashes); its lineage is itself.
+    ASSERT_GE(lineage.size(), lineage.back().round == 0 ? 1u : 2u);
     EXPECT_EQ(lineage.front().round, 0);
     if (lineage.back().round != 1) continue;
     std::string tried = store->GetIdea(*lineage.back().idea_id)->text;
@@ -646,18 +648,15 @@ TEST_F(OrchestratorTest, IdeasPromptsShowPerLaunchFiguresOccupancyAndTheBestKern
     if (c.round < 2) correct.push_back({*c.evaluation->median_ms, c.id});
   std::sort(correct.begin(), correct.end());
   ASSERT_EQ(correct.size(), 3u);
-  size_t first = r2.find(fmt::format("1. kernel #{}", correct[0].second));
-  size_t second = r2.find(fmt::format("2. kernel #{}", correct[1].second));
-  size_t third = r2.find(fmt::format("3. kernel #{}", correct[2].second));
-  ASSERT_NE(first, std::string::npos) << r2;
-  ASSERT_NE(second, std::string::npos);
-  ASSERT_NE(third, std::string::npos);
-  EXPECT_LT(first, second);
-  EXPECT_LT(second, third);
-  EXPECT_THAT(r2, HasSubstr(fmt::format("1. kernel #{}{}: {:.4f} ms, ", correct[0].second,
-                                        correct[0].second == store->GetRound(id, 2)->value().beam[0]
-                                            ? " (the starting point below)" : "",
-                                        correct[0].first)));
+  size_t section = r2.find("## The best kernels so far in this search");
+  ASSERT_NE(section, std::string::npos);
+  for (size_t i = 0; i < correct.size(); ++i) {
+    size_t at = r2.find(fmt::format("\n{}. ", i + 1), section);
+    ASSERT_NE(at, std::string::npos) << r2;
+    std::string line = r2.substr(at + 1, r2.find('\n', at + 1) - at - 1);
+    EXPECT_THAT(line, HasSubstr(fmt::format("{:.4f} ms, ", correct[i].first))) << line;
+    EXPECT_THAT(line, HasSubstr("launches: `stats_"));
+  }
   for (const auto& c : cands) {
     if (c.round != 1) continue;
     std::string idea = store->GetIdea(*c.idea_id)->text;
