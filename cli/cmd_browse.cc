@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
+#include "evaluator/launch_profile.h"
 #include "search/export.h"
 #include "search/store/lineage_store.h"
 
@@ -141,6 +142,10 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
     auto e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
     if (e.is_object() && !e.value("message", std::string()).empty())
       std::printf("message: %s\n", e.value("message", std::string()).c_str());
+    if (e.is_object()) {
+      auto profiles = LaunchProfilesFromJson(e.value("launch_profiles", nlohmann::json::array()));
+      if (!profiles.empty()) std::printf("each launch on its own:\n%s", LaunchProfileText(profiles, "  ").c_str());
+    }
   } else {
     std::printf("status:  pending\n");
   }

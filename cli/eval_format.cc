@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "evaluator/launch_profile.h"
+
 namespace ks::cli {
 namespace {
 std::string Ms(double ms) {
@@ -74,6 +76,10 @@ void PrintEvaluation(const Evaluation& e) {
       std::snprintf(b, sizeof b, "(%lld, %lld, %lld)", (long long)l.block[0], (long long)l.block[1], (long long)l.block[2]);
       std::printf("%-28s %-24s %-18s %lld\n", l.kernel.c_str(), g, b, (long long)l.shared_bytes);
     }
+  }
+  if (!e.launch_profiles.empty()) {
+    std::printf("\neach launch on its own (separate runs with events between launches):\n%s",
+                LaunchProfileText(e.launch_profiles, "  ").c_str());
   }
   if (e.status == EvalStatus::kCompileError && !e.compile_log.empty())
     std::printf("\ncompiler log:\n%s\n", e.compile_log.c_str());

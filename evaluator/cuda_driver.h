@@ -110,6 +110,13 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;
   int64_t shared_per_block_optin = 0;
   int64_t total_memory = 0;
+  // What one SM offers, for occupancy (0: the driver did not say).
+  int registers_per_sm = 0;
+  int max_registers_per_block = 0;
+  int64_t shared_per_sm = 0;
+  int64_t reserved_shared_per_block = 0;
+  int max_threads_per_sm = 0;
+  int max_blocks_per_sm = 0;
   std::string Arch() const { return "sm_" + std::to_string(sm_major) + std::to_string(sm_minor); }
 };
 StatusOr<DeviceInfo> QueryDevice(CUdevice dev);

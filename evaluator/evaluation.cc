@@ -82,6 +82,7 @@ json EvaluationToJson(const Evaluation& e) {
   } else {
     j["roofline"] = nullptr;
   }
+  j["launch_profiles"] = LaunchProfilesToJson(e.launch_profiles);
   return j;
 }
 
@@ -141,6 +142,7 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
                           r.value("peak_gbps", 0.0),      r.value("peak_tflops", 0.0),
                           r.value("compute_class", ""),   r.value("bound", "")};
   }
+  e.launch_profiles = LaunchProfilesFromJson(j.value("launch_profiles", json::array()));
   return e;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "evaluator/launch_profile.h"
 
 namespace ks {
 
@@ -103,6 +104,9 @@ struct Evaluation {
   std::optional<double> speedup_eager;
   std::optional<double> speedup_compile;
   std::optional<Roofline> roofline;
+  // Each launch of the plan on its own (correct candidates on a GPU); empty
+  // where not measured (evaluations stored before these existed, fakes).
+  std::vector<LaunchProfile> launch_profiles;
   std::string device;
   double compile_s = 0;
   double eval_s = 0;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "common/base64.h"
@@ -585,14 +586,14 @@ double GpuEvaluator::RunTimeout() const {
   return std::clamp(200 * eager_s, 2.0, 60.0);
 }
 
-GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
+GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
   RunResult r;
   auto fail = [&](EvalStatus st, std::string msg) {
     r.status = st;
     r.message = std::move(msg);
     return r;
   };
-  if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "run"}, {"set", set}}); !s.ok()) {
+  if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "run"}, {"set", set}, {"split", split}}); !s.ok()) {
     StopWorker("send failed");
     return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
   }
@@ -621,6 +622,7 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set) {
   }
   r.ms = j.value("ms", 0.0);
   r.ms_device = j.value("ms_device", r.ms);
+  if (split) r.launch_ms = j.value("launch_ms", std::vector<double>{});
   if (j.contains("state_changed") && !j["state_changed"].empty()) {
     std::string names;
     for (const auto& n : j["state_changed"]) names += (names.empty() ? "" : ", ") + n.get<std::string>();
@@ -786,6 +788,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     if ((*reply).value("fatal", false)) StopWorker("fatal");
     return finish(EvalStatus::kLaunchError, (*reply).value("message", "load failed"));
   }
+  const json occupancy = (*reply).value("occupancy", json::array());
 
   const int sets = static_cast<int>(ref_.sets.size());
   std::map<std::string, OutputError> worst;
@@ -883,6 +886,32 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
         std::chrono::duration<double>(Clock::now() - phase_start).count() > opts_.max_eval_s)
       break;
   }
+  // Each launch on its own, in runs of their own after the timed ones.
+  Roofline rf;
+  rf.bytes = static_cast<double>(ref_.signature.MinimumBytes());
+  rf.flops = ref_.signature.flops.value_or(0);
+  rf.peak_gbps = bandwidth_gbps_;
+  if (rf.flops > 0) {
+    rf.compute_class = ComputeClassFor(ref_.signature);
+    if (opts_.peak_tflops > 0) {
+      rf.peak_tflops = opts_.peak_tflops;
+    } else if (peaks_ && peaks_->ok()) {
+      rf.peak_tflops = (*peaks_)->For(rf.compute_class);
+    }
+    if (rf.peak_tflops <= 0) rf.compute_class.clear();
+  }
+  {
+    RunResult failed;
+    auto profiles = ProfileLaunches(*plan, occupancy, rf, run_index, &failed);
+    if (!profiles.ok()) {
+      keep_worst(failed.errors);
+      take_errors();
+      if (failed.status == EvalStatus::kIncorrect) e.errors = failed.errors;
+      unload();
+      return finish(failed.status, "profile run: " + failed.message);
+    }
+    e.launch_profiles = std::move(*profiles);
+  }
   unload();
   take_errors();
   // Every input set, not only the one each run read: a run must not plant
@@ -902,22 +931,9 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   e.compiled = ref_.compiled;
   if (ref_.eager && e.timing->median_ms > 0) e.speedup_eager = ref_.eager->median_ms / e.timing->median_ms;
   if (ref_.compiled && e.timing->median_ms > 0) e.speedup_compile = ref_.compiled->median_ms / e.timing->median_ms;
-  Roofline rf;
-  rf.bytes = static_cast<double>(ref_.signature.MinimumBytes());
-  rf.flops = ref_.signature.flops.value_or(0);
   double sec = e.timing->median_ms * 1e-3;
   rf.achieved_gbps = sec > 0 ? rf.bytes / sec / 1e9 : 0;
   rf.achieved_tflops = sec > 0 ? rf.flops / sec / 1e12 : 0;
-  rf.peak_gbps = bandwidth_gbps_;
-  if (rf.flops > 0) {
-    rf.compute_class = ComputeClassFor(ref_.signature);
-    if (opts_.peak_tflops > 0) {
-      rf.peak_tflops = opts_.peak_tflops;
-    } else if (peaks_ && peaks_->ok()) {
-      rf.peak_tflops = (*peaks_)->For(rf.compute_class);
-    }
-    if (rf.peak_tflops <= 0) rf.compute_class.clear();
-  }
   double floor_bw = bandwidth_gbps_ > 0 ? rf.bytes / (bandwidth_gbps_ * 1e9) * 1e3 : 0;
   double floor_fl = rf.peak_tflops > 0 ? rf.flops / (rf.peak_tflops * 1e12) * 1e3 : 0;
   rf.floor_ms = std::max(floor_bw, floor_fl);
@@ -925,6 +941,68 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   rf.fraction_of_floor = e.timing->median_ms > 0 ? rf.floor_ms / e.timing->median_ms : 0;
   e.roofline = rf;
   return finish(EvalStatus::kCorrect, "");
+}
+
+StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const ResolvedPlan& plan, const json& occupancy,
+                                                                   const Roofline& plan_roofline, int first_run,
+                                                                   RunResult* failed) {
+  // Few runs: the events inside the plan cost a few microseconds each, and
+  // these figures guide a model, they do not rank candidates.
+  constexpr int kProfileRuns = 5;
+  const int sets = static_cast<int>(ref_.sets.size());
+  const size_t n = plan.launches.size();
+  std::vector<std::vector<double>> launch_ms(n);
+  for (int i = 0; i < kProfileRuns; ++i) {
+    RunResult r = RunOnce((first_run + i) % sets, /*split=*/true);
+    if (r.status != EvalStatus::kCorrect) {
+      *failed = std::move(r);
+      return Internal("profile run failed");
+    }
+    if (r.launch_ms.size() != n) {
+      failed->status = EvalStatus::kRuntimeError;
+      failed->message = "evaluator: the worker reported " + std::to_string(r.launch_ms.size()) +
+                        " launch times for " + std::to_string(n) + " launches";
+      return Internal(failed->message);
+    }
+    for (size_t l = 0; l < n; ++l) launch_ms[l].push_back(r.launch_ms[l]);
+  }
+  SmLimits sm{info_.registers_per_sm, info_.max_registers_per_block, info_.shared_per_sm,
+              info_.reserved_shared_per_block, info_.max_threads_per_sm, info_.max_blocks_per_sm};
+  std::vector<std::string> kernels;
+  std::vector<double> bytes;
+  std::vector<std::optional<Occupancy>> occ;
+  for (size_t l = 0; l < n; ++l) {
+    const PlannedLaunch& pl = plan.launches[l];
+    kernels.push_back(pl.kernel);
+    // Each distinct buffer the launch is passed, once: what it could move at
+    // least if it touches all of them (a launch may touch only part of one).
+    std::set<std::string> seen;
+    double b = 0;
+    for (const ArgValue& a : pl.args) {
+      if (!seen.insert(a.name).second) continue;
+      if (a.kind == ArgValue::Kind::kTensor) {
+        if (const TensorSpec* t = ref_.signature.Find(a.name)) b += static_cast<double>(t->bytes());
+      } else if (a.kind == ArgValue::Kind::kScratch) {
+        for (const auto& s : plan.scratch)
+          if (s.name == a.name) b += static_cast<double>(s.bytes);
+      }
+    }
+    bytes.push_back(b);
+    std::optional<Occupancy> o;
+    if (occupancy.is_array() && l < occupancy.size() && occupancy[l].value("blocks_per_sm", -1) >= 0) {
+      const json& j = occupancy[l];
+      Occupancy v;
+      v.blocks_per_sm = j.value("blocks_per_sm", 0);
+      v.threads_per_block = j.value("threads", 0);
+      v.registers = std::max(0, j.value("registers", 0));
+      v.shared_bytes = std::max(0, j.value("static_shared", 0)) + j.value("dynamic_shared", int64_t{0});
+      ExplainOccupancy(sm, &v);
+      o = v;
+    }
+    occ.push_back(o);
+  }
+  return BuildLaunchProfiles(kernels, launch_ms, bytes, plan_roofline.flops, plan_roofline.peak_gbps,
+                             plan_roofline.peak_tflops, occ);
 }
 
 StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<Candidate>& candidates) {

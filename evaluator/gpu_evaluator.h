@@ -57,6 +57,8 @@
 #include "evaluator/compiler.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
+#include "evaluator/launch_plan.h"
+#include "evaluator/launch_profile.h"
 #include "evaluator/problem.h"
 
 namespace ks {
@@ -126,6 +128,7 @@ class GpuEvaluator : public CandidateEvaluator {
     double ms_device = 0;  // start to an event after a device-wide sync
     std::vector<OutputError> errors;
     std::vector<uint64_t> hashes;  // per output: a hash of its bits after this run
+    std::vector<double> launch_ms;  // split runs: each launch on its own
   };
 
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
@@ -134,7 +137,12 @@ class GpuEvaluator : public CandidateEvaluator {
   Status StartWorker();
   void StopWorker(const std::string& why);
   std::string TakeWorkerLog();
-  RunResult RunOnce(int set);
+  RunResult RunOnce(int set, bool split = false);
+  // The per-launch figures (evaluator/launch_profile.h) from a few split runs
+  // after the timed ones; a run that fails here fails the candidate as any run does.
+  StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan, const nlohmann::json& occupancy,
+                                                       const Roofline& plan_roofline, int first_run,
+                                                       RunResult* failed);
   double RunTimeout() const;
   Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash);
   // Sum of squares of the finite values of a reference output (n elements).

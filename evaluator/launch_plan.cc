@@ -264,6 +264,20 @@ StatusOr<ArgValue> ResolveArg(const json& a, const ParamInfo& p, const Signature
   return want_int(v);
 }
 
+template <size_t N>
+bool Accepted(const std::array<std::string_view, N>& keys, const std::string& key) {
+  for (std::string_view k : keys)
+    if (k == key) return true;
+  return false;
+}
+
+template <size_t N>
+std::string KeyList(const std::array<std::string_view, N>& keys) {
+  std::string out;
+  for (std::string_view k : keys) out += (out.empty() ? "\"" : ", \"") + std::string(k) + "\"";
+  return out;
+}
+
 std::string KnownNames(const Signature& sig, const std::set<std::string>& scratch) {
   std::string out;
   for (const auto* list : {&sig.inputs, &sig.parameters, &sig.outputs})
@@ -309,7 +323,7 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
   for (const auto& [key, _] : plan.items()) {
     if (key == "tensor_maps")
       return InvalidArgument("launch plan: \"tensor_maps\" (TMA descriptors) is not supported by this evaluator yet");
-    if (key != "launches" && key != "scratch")
+    if (!Accepted(kPlanKeys, key))
       return InvalidArgument("launch plan: unknown key \"" + key + "\" (expected \"launches\" and optionally \"scratch\")");
   }
   ResolvedPlan out;
@@ -323,6 +337,9 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
         return InvalidArgument(where + ": needs \"name\" (string) and \"bytes\"");
       std::string name = sc[i]["name"];
       where += " (" + name + ")";
+      for (const auto& [key, _] : sc[i].items())
+        if (!Accepted(kScratchKeys, key))
+          return InvalidArgument(where + ": unknown key \"" + key + "\" (a scratch entry has " + KeyList(kScratchKeys) + ")");
       if (sig.Find(name)) return InvalidArgument(where + ": name collides with a tensor of the signature");
       if (!scratch_names.insert(name).second) return InvalidArgument(where + ": duplicate scratch name");
       auto bytes = EvalField(sc[i]["bytes"], sig);
@@ -345,8 +362,8 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
     std::string where = "launches[" + std::to_string(li) + "]";
     if (!l.is_object()) return InvalidArgument(where + ": must be an object");
     for (const auto& [key, _] : l.items())
-      if (key != "kernel" && key != "grid" && key != "block" && key != "shared_bytes" && key != "args" && key != "cluster")
-        return InvalidArgument(where + ": unknown key \"" + key + "\"");
+      if (!Accepted(kLaunchKeys, key))
+        return InvalidArgument(where + ": unknown key \"" + key + "\" (a launch has " + KeyList(kLaunchKeys) + ")");
     if (!l.contains("kernel") || !l["kernel"].is_string()) return InvalidArgument(where + ": needs \"kernel\" (a name)");
     PlannedLaunch pl;
     pl.kernel = l["kernel"];

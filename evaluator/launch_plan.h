@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -16,6 +17,14 @@
 #include "evaluator/signature.h"
 
 namespace ks {
+
+// Every key the plan parser accepts, at each level. The parser rejects any other
+// key, and prompts/contract.md must document each of these (contract_test checks
+// it), so a plan feature cannot exist without a model being told about it.
+inline constexpr std::array<std::string_view, 2> kPlanKeys = {"launches", "scratch"};
+inline constexpr std::array<std::string_view, 6> kLaunchKeys = {"kernel", "grid", "block",
+                                                                "shared_bytes", "args", "cluster"};
+inline constexpr std::array<std::string_view, 2> kScratchKeys = {"name", "bytes"};
 
 // Evaluates an integer expression: integers, + - * / %, parentheses, unary minus,
 // cdiv(a, b), min(a, b, ...), max(a, b, ...), <tensor>.shape[i] (negative i counts

@@ -16,6 +16,12 @@ GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gb
   g.sm_count = info.multiprocessors;
   g.shared_bytes_per_block = info.shared_per_block_optin;
   g.l2_bytes = info.l2_bytes;
+  g.shared_bytes_per_sm = info.shared_per_sm;
+  g.registers_per_sm = info.registers_per_sm;
+  g.max_threads_per_sm = info.max_threads_per_sm;
+  g.max_blocks_per_sm = info.max_blocks_per_sm;
+  // No driver attribute says it; 255 holds for every GPU the evaluator runs on (sm_50 and later).
+  if (info.sm_major >= 5) g.max_registers_per_thread = 255;
   g.memory_bandwidth_gbps = measured_bandwidth_gbps;
   if (peaks) {
     g.fp32_tflops = peaks->For("fp32");

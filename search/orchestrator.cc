@@ -459,15 +459,16 @@ class Orchestrator::SearchRun {
     for (const auto& idea : ideas) {
       if (idea.round >= round || !idea.parent_candidate || !ancestors.count(*idea.parent_candidate)) continue;
       std::optional<double> best_ms;
-      std::string failure;
+      const CandidateRow* best = nullptr;
+      const CandidateRow* failed = nullptr;
       int n = 0;
       for (const auto& c : cands) {
         if (c.idea_id != idea.id || !c.evaluation) continue;
         ++n;
         if (c.evaluation->status == EvalStatus::kCorrect && c.evaluation->median_ms) {
-          if (!best_ms || *c.evaluation->median_ms < *best_ms) best_ms = c.evaluation->median_ms;
-        } else if (failure.empty()) {
-          failure = EvalStatusName(c.evaluation->status);
+          if (!best_ms || *c.evaluation->median_ms < *best_ms) best_ms = c.evaluation->median_ms, best = &c;
+        } else if (!failed) {
+          failed = &c;
         }
       }
       std::string outcome;
@@ -477,7 +478,12 @@ class Orchestrator::SearchRun {
                       ? fmt::format("correct, {:.2f}x over its parent ({:.4f} ms)", parent_ms->second / *best_ms,
                                     *best_ms)
                       : fmt::format("correct, {:.4f} ms", *best_ms);
+        // The measured figures, so that a model sees why an idea paid off or not.
+        if (auto e = StoredEvaluation(*best); e.ok()) outcome += "; measured: " + FiguresLine(*e);
       } else if (n > 0) {
+        std::string failure = EvalStatusName(failed->evaluation->status);
+        if (auto e = StoredEvaluation(*failed); e.ok() && !e->message.empty())
+          failure += ": " + (e->message.size() > 300 ? e->message.substr(0, 300) + " [...]" : e->message);
         outcome = "no correct implementation (" + failure + ")";
       } else {
         outcome = "no implementation yet";
@@ -492,12 +498,43 @@ class Orchestrator::SearchRun {
     return out;
   }
 
+  // The fastest correct kernels of this search from rounds before `round`,
+  // with their ideas and figures; ties by id, so the prompt is the same in
+  // every run of the search.
+  StatusOr<std::vector<TopKernel>> BestKernels(int64_t parent, int round) {
+    constexpr size_t kShown = 5;
+    KS_ASSIGN_OR_RETURN(auto cands, store_->ListCandidates(search_id_));
+    KS_ASSIGN_OR_RETURN(auto ideas, store_->ListIdeas(search_id_));
+    std::vector<const CandidateRow*> correct;
+    for (const auto& c : cands)
+      if (c.round < round && c.evaluation && c.evaluation->status == EvalStatus::kCorrect && c.evaluation->median_ms)
+        correct.push_back(&c);
+    std::sort(correct.begin(), correct.end(), [](const CandidateRow* a, const CandidateRow* b) {
+      return *a->evaluation->median_ms != *b->evaluation->median_ms
+                 ? *a->evaluation->median_ms < *b->evaluation->median_ms
+                 : a->id < b->id;
+    });
+    std::vector<TopKernel> out;
+    for (const CandidateRow* c : correct) {
+      if (out.size() == kShown) break;
+      TopKernel k;
+      k.id = c->id;
+      k.is_parent = c->id == parent;
+      for (const auto& idea : ideas)
+        if (c->idea_id && idea.id == *c->idea_id) k.idea = idea.text;
+      KS_ASSIGN_OR_RETURN(k.evaluation, StoredEvaluation(*c));
+      out.push_back(std::move(k));
+    }
+    return out;
+  }
+
   Status IdeasTask(int round, int64_t parent) {
     if (Stopping()) return MarkInterrupted();
     IdeasPromptInputs in;
     in.problem = problem_;
     KS_ASSIGN_OR_RETURN(in.parent, Parent(parent));
     KS_ASSIGN_OR_RETURN(in.tried, TriedIdeas(parent, round));
+    KS_ASSIGN_OR_RETURN(in.best, BestKernels(parent, round));
     in.num_ideas = config_.ideas;
     in.bank = bank_;
     KS_ASSIGN_OR_RETURN(RenderedPrompt prompt, RenderIdeasPrompt(*o_->deps_.prompts, in));

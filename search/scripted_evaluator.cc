@@ -1,5 +1,6 @@
 #include "search/scripted_evaluator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,59 @@ std::string MarkerArg(const std::string& source, const std::string& marker) {
   size_t end = source.find(')', begin);
   if (end == std::string::npos) return "";
   return source.substr(begin, end - begin);
+}
+
+std::vector<double> NumberList(const std::string& text) {
+  std::vector<double> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    out.push_back(std::strtod(text.substr(pos, comma - pos).c_str(), nullptr));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// What an H100 SXM's SM offers (cuDeviceGetAttribute there), so scripted
+// occupancy figures are ones a real run could show.
+constexpr SmLimits kH100Sm{65536, 65536, 233472, 1024, 2048, 32};
+
+// Per-launch figures as the GPU evaluator would report them: the launches'
+// names, block sizes and shared memory from the plan, times and registers from
+// the markers.
+std::vector<LaunchProfile> ScriptedProfiles(const Candidate& c, const std::vector<double>& launch_ms) {
+  nlohmann::json plan = nlohmann::json::parse(c.plan_json, nullptr, false);
+  if (!plan.is_object() || !plan.contains("launches") || !plan["launches"].is_array()) return {};
+  std::vector<double> regs = NumberList(MarkerArg(c.source, "FAKE_REGISTERS"));
+  std::vector<std::string> kernels;
+  std::vector<std::vector<double>> ms;
+  std::vector<std::optional<Occupancy>> occ;
+  const auto& ls = plan["launches"];
+  for (size_t i = 0; i < ls.size() && i < launch_ms.size(); ++i) {
+    kernels.push_back(ls[i].value("kernel", "?"));
+    ms.push_back({launch_ms[i]});
+    if (i >= regs.size()) {
+      occ.push_back(std::nullopt);
+      continue;
+    }
+    Occupancy o;
+    o.threads_per_block = 1;
+    if (ls[i].contains("block") && ls[i]["block"].is_array())
+      for (const auto& d : ls[i]["block"]) o.threads_per_block *= d.is_number_integer() ? d.get<int>() : 1;
+    o.registers = static_cast<int>(regs[i]);
+    if (ls[i].contains("shared_bytes") && ls[i]["shared_bytes"].is_number_integer())
+      o.shared_bytes = ls[i]["shared_bytes"].get<int64_t>();
+    ExplainOccupancy(kH100Sm, &o);
+    // The driver's answer without a carve-out: the smallest bound.
+    int blocks = 1 << 30;
+    for (int b : {o.by_registers, o.by_shared, o.by_threads, o.by_block_limit})
+      if (b >= 0) blocks = std::min(blocks, b);
+    o.blocks_per_sm = blocks;
+    ExplainOccupancy(kH100Sm, &o);  // again, for the warps fraction of those blocks
+    occ.push_back(o);
+  }
+  return BuildLaunchProfiles(kernels, ms, std::vector<double>(kernels.size(), 0), 0, 0, 0, occ);
 }
 
 }  // namespace
@@ -69,6 +123,8 @@ Evaluation ScriptedEvaluator::Decide(const Candidate& c) const {
   e.compiled = TimingStats{options_.compile_ms, options_.compile_ms, options_.compile_ms, options_.compile_ms, 0, 20};
   e.speedup_eager = options_.eager_ms / ms;
   e.speedup_compile = options_.compile_ms / ms;
+  if (std::string launch_ms = MarkerArg(c.source, "FAKE_LAUNCH_MS"); !launch_ms.empty())
+    e.launch_profiles = ScriptedProfiles(c, NumberList(launch_ms));
   return e;
 }
 

@@ -3,6 +3,9 @@
 // It decides each result from markers in the candidate's source:
 //   FAKE_STATUS(incorrect)  any EvalStatus name; default correct
 //   FAKE_MS(0.25)           the median time in ms; default 1.0
+//   FAKE_LAUNCH_MS(0.1, 0.15)  each launch's own time (launch_profiles, in plan
+//                           order); with FAKE_REGISTERS(32, 64) their registers per
+//                           thread, from which the occupancy on an H100's SM follows
 // Speedups are eager_ms / median (and compile_ms / median). Every evaluated
 // candidate is counted and, when a log path is set, appended to that file as
 // one line (its content hash), so that tests in other processes can check that

@@ -35,7 +35,10 @@ nlohmann::json GpuFactsToJson(const GpuFacts& g) {
           {"memory_bandwidth_gbps", g.memory_bandwidth_gbps},
           {"fp32_tflops", g.fp32_tflops},
           {"tf32_tflops", g.tf32_tflops},
-          {"fp16_tensor_tflops", g.fp16_tensor_tflops}};
+          {"fp16_tensor_tflops", g.fp16_tensor_tflops},
+          {"max_threads_per_sm", g.max_threads_per_sm},
+          {"max_blocks_per_sm", g.max_blocks_per_sm},
+          {"max_registers_per_thread", g.max_registers_per_thread}};
 }
 
 GpuFacts GpuFactsFromJson(const nlohmann::json& j) {
@@ -52,6 +55,9 @@ GpuFacts GpuFactsFromJson(const nlohmann::json& j) {
   g.fp32_tflops = j.value("fp32_tflops", 0.0);
   g.tf32_tflops = j.value("tf32_tflops", 0.0);
   g.fp16_tensor_tflops = j.value("fp16_tensor_tflops", 0.0);
+  g.max_threads_per_sm = j.value("max_threads_per_sm", 0);
+  g.max_blocks_per_sm = j.value("max_blocks_per_sm", 0);
+  g.max_registers_per_thread = j.value("max_registers_per_thread", 0);
   return g;
 }
 

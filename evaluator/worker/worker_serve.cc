@@ -194,6 +194,8 @@ class Worker {
       }
       c.launches.push_back(std::move(s));
     }
+    json occupancy = json::array();
+    for (const auto& s : c.launches) occupancy.push_back(KernelOccupancy(s));
     for (const auto& b : req.value("scratch", json::array())) {
       size_t bytes = b.get<size_t>();
       auto buf = DeviceBuffer::Alloc(bytes + 2 * kGuardBytes);
@@ -216,15 +218,39 @@ class Worker {
       c.globals.push_back(std::move(s));
     }
     cand_ = std::move(c);
-    return {{"ok", true}, {"globals", cand_->globals.size()}};
+    return {{"ok", true}, {"globals", cand_->globals.size()}, {"occupancy", occupancy}};
+  }
+
+  // What the driver says of one launch's kernel at its block size and dynamic
+  // shared memory: resident blocks per SM, and the attributes that decide it.
+  // The evaluator names the limiting resource (evaluator/launch_profile.h).
+  json KernelOccupancy(const LaunchSpec& s) {
+    int threads = static_cast<int>(s.block[0] * s.block[1] * s.block[2]);
+    int blocks = -1, regs = -1, static_shared = -1;
+    if (d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, s.fn, threads, s.shared) != CUDA_SUCCESS) blocks = -1;
+    if (d_->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, s.fn) != CUDA_SUCCESS) regs = -1;
+    if (d_->cuFuncGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, s.fn) != CUDA_SUCCESS)
+      static_shared = -1;
+    return {{"blocks_per_sm", blocks}, {"threads", threads}, {"registers", regs},
+            {"static_shared", static_shared}, {"dynamic_shared", s.shared}};
   }
 
   // Every run is prepared the same way, so a kernel cannot tell a checked run
-  // from a timed one: all runs are both.
+  // from a timed one: all runs are both. A run with "split" also records an
+  // event between launches, for the time of each launch on its own; the
+  // evaluator never counts such a run in the plan's timing.
   json Run(const json& req) {
     if (!cand_) return Fail("internal", "run without a loaded candidate");
     size_t set = req.value("set", 0);
+    bool split = req.value("split", false);
     Candidate& c = *cand_;
+    if (split && between_.size() < c.launches.size() + 1) {
+      while (between_.size() < c.launches.size() + 1) {
+        auto ev = Event::Create();
+        if (!ev.ok()) return Fail("internal", "cuEventCreate failed");
+        between_.push_back(std::move(*ev));
+      }
+    }
     for (const auto& g : c.globals)
       if (!g.bytes.empty() && d_->cuMemcpyHtoD(g.ptr, g.bytes.data(), g.bytes.size()) != CUDA_SUCCESS)
         return Sticky("restoring globals");
@@ -265,7 +291,9 @@ class Worker {
     std::vector<std::array<unsigned char, 8>> storage;
     std::vector<void*> params;
     d_->cuEventRecord(start_.get(), nullptr);
-    for (const auto& l : c.launches) {
+    if (split) d_->cuEventRecord(between_[0].get(), nullptr);
+    for (size_t li = 0; li < c.launches.size(); ++li) {
+      const LaunchSpec& l = c.launches[li];
       storage.assign(l.args.size(), {});
       params.assign(l.args.size(), nullptr);
       for (size_t i = 0; i < l.args.size(); ++i) {
@@ -315,6 +343,7 @@ class Worker {
         if (s != CUDA_SUCCESS) return Sticky("launching " + l.kernel, s);
         return Fail("launch_error", "launching " + l.kernel + ": " + d_->ErrorName(r));
       }
+      if (split) d_->cuEventRecord(between_[li + 1].get(), nullptr);
     }
     // The same method as evaluator/reference/timing.py: an end event on the
     // stream, then a device-wide sync and a second event. Both figures go back;
@@ -350,7 +379,17 @@ class Worker {
       if (d_->cuMemcpyDtoH(now.data(), g.ptr, now.size()) != CUDA_SUCCESS) return Sticky("reading globals");
       if (now != g.bytes) changed.push_back(g.name);
     }
-    return {{"ok", true}, {"ms", ms}, {"ms_device", device_wide}, {"state_changed", changed}};
+    json reply{{"ok", true}, {"ms", ms}, {"ms_device", device_wide}, {"state_changed", changed}};
+    if (split) {
+      json launch_ms = json::array();
+      for (size_t li = 0; li < c.launches.size(); ++li) {
+        float t = 0;
+        d_->cuEventElapsedTime(&t, between_[li].get(), between_[li + 1].get());
+        launch_ms.push_back(t);
+      }
+      reply["launch_ms"] = launch_ms;
+    }
+    return reply;
   }
 
   json Sticky(const std::string& what, CUresult r = CUDA_ERROR_UNKNOWN) {
@@ -369,6 +408,7 @@ class Worker {
   CUfunction scrub_fn_ = nullptr;
   unsigned scrub_bytes_ = 0, scrub_blocks_ = 0;
   Event start_, end_, after_;
+  std::vector<Event> between_;  // split runs: one before the plan, one after each launch
   std::optional<Candidate> cand_;
   uint64_t runs_ = 0;
   bool fatal_ = false;

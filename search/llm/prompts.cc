@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "evaluator/launch_profile.h"
+
 namespace ks {
 namespace {
 
@@ -35,6 +39,7 @@ TemplateVars ProblemVars(const ProblemContext& p) {
   v.Set("problem_source", p.source);
   v.Set("signature_table", SignatureTable(p.signature));
   v.Set("gpu_facts", GpuFactsText(p.gpu));
+  v.Set("launch_limits", LaunchLimitsText(p.gpu));
   return v;
 }
 
@@ -161,23 +166,116 @@ std::string MeasurementsText(const ParentKernel& parent) {
   for (const auto& l : e.launches)
     out += fmt::format("- Launch `{}`: grid ({}, {}, {}), block ({}, {}, {}), {} dynamic shared\n", l.kernel, l.grid[0],
                        l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], Bytes(l.shared_bytes));
+  if (!e.launch_profiles.empty()) {
+    out += "- Each launch on its own (events between launches, in runs apart from the timed ones; bandwidth as "
+           "if every buffer a launch is passed moved once; occupancy is the theoretical one from the driver):\n";
+    out += LaunchProfileText(e.launch_profiles, "  - ");
+  }
   return out;
 }
 
-std::string FailureDetails(const Evaluation& e) {
+std::string IndexInShape(const std::string& name, int64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] <= 0) return fmt::format("{}[flat {}]", name, flat);
+    idx[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  std::string out = name + "[";
+  for (size_t d = 0; d < idx.size(); ++d) out += (d ? ", " : "") + std::to_string(idx[d]);
+  return out + "]";
+}
+
+std::string FiguresLine(const Evaluation& e) {
+  std::string out;
+  if (e.timing) out += fmt::format("{:.4f} ms", e.timing->median_ms);
+  if (e.speedup_eager) out += fmt::format(", {:.2f}x eager", *e.speedup_eager);
+  if (e.speedup_compile) out += fmt::format(", {:.2f}x torch.compile", *e.speedup_compile);
+  if (e.roofline && e.roofline->floor_ms > 0)
+    out += fmt::format(", {:.0f}% of the floor ({:.0f} GB/s)", 100 * e.roofline->fraction_of_floor,
+                       e.roofline->achieved_gbps);
+  if (!e.launch_profiles.empty()) {
+    out += "; launches:";
+    for (const auto& p : e.launch_profiles) {
+      out += fmt::format(" `{}` {:.4f} ms", p.kernel, p.median_ms);
+      if (p.occupancy)
+        out += fmt::format(" ({} blocks/SM{})", p.occupancy->blocks_per_sm,
+                           p.occupancy->limiter.empty() ? "" : ", " + p.occupancy->limiter + "-limited");
+    }
+  }
+  return out;
+}
+
+std::string TopKernelsText(const std::vector<TopKernel>& best) {
+  if (best.empty()) return "(no correct kernel yet)";
+  std::string out;
+  for (size_t i = 0; i < best.size(); ++i) {
+    const TopKernel& k = best[i];
+    // No row ids: they depend on thread timing, and a prompt must be the same
+    // in every run of a search (replays and resumes depend on it).
+    out += fmt::format("{}.{} {}\n", i + 1, k.is_parent ? " (the starting point below)" : "", FiguresLine(k.evaluation));
+    out += "   idea: " + (k.idea.empty() ? std::string("(the seed kernel)") : Capped(k.idea, 800)) + "\n";
+    for (const auto& l : k.evaluation.launches)
+      out += fmt::format("   launch `{}`: grid ({}, {}, {}), block ({}, {}, {}), {} dynamic shared\n", l.kernel,
+                         l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], Bytes(l.shared_bytes));
+  }
+  return out;
+}
+
+std::string LaunchLimitsText(const GpuFacts& g) {
+  std::string out = "- Shared memory per block: ";
+  out += g.shared_bytes_per_block > 0
+             ? Bytes(g.shared_bytes_per_block) + " at most (static + dynamic, the opt-in limit; above 48 KiB the "
+                                                 "evaluator opts in for you)"
+             : std::string("unknown");
+  out += g.shared_bytes_per_sm > 0 ? "; " + Bytes(g.shared_bytes_per_sm) + " per SM, shared by the blocks resident on it\n"
+                                   : "; per SM: unknown\n";
+  if (g.registers_per_sm <= 0) return out + "- Registers per thread at each block size: unknown";
+  const int max_per_thread = g.max_registers_per_thread > 0 ? g.max_registers_per_thread : 255;
+  out += fmt::format("- Registers: {} per SM, at most {} per thread (more spill to local memory). "
+                     "The budget per thread at each block size (allocated per warp in units of 256):\n\n",
+                     g.registers_per_sm, max_per_thread);
+  out += "| threads per block | most registers/thread so one block fits | registers/thread for full occupancy |\n"
+         "|---|---|---|\n";
+  // Per thread, rounded down to the allocation unit (8 per thread = 256 per warp).
+  auto budget = [&](int64_t threads_resident) {
+    int64_t per_thread = g.registers_per_sm / threads_resident / 8 * 8;
+    return std::min<int64_t>(per_thread, max_per_thread);
+  };
+  for (int threads : {64, 128, 256, 512, 1024}) {
+    std::string full = "unknown";
+    if (g.max_threads_per_sm > 0 && g.max_blocks_per_sm > 0) {
+      int blocks = std::min(g.max_threads_per_sm / threads, g.max_blocks_per_sm);
+      full = fmt::format("{} ({} blocks, {} threads per SM)", budget(int64_t{blocks} * threads), blocks,
+                         blocks * threads);
+    }
+    out += fmt::format("| {} | {} | {} |\n", threads, budget(threads), full);
+  }
+  out += "\nCap a kernel's registers with `__launch_bounds__(threads, min_blocks_per_sm)`; the measurements "
+         "below give each kernel's registers and its occupancy.";
+  return out;
+}
+
+std::string FailureDetails(const Evaluation& e, const Signature* sig) {
   std::string out = e.message.empty() ? "" : e.message + "\n";
   switch (e.status) {
     case EvalStatus::kCompileError:
       out += "\nCompiler log:\n```\n" + Capped(e.compile_log, kMaxLogChars) + "\n```";
       break;
     case EvalStatus::kIncorrect:
-      for (const auto& o : e.errors)
+      for (const auto& o : e.errors) {
         out += fmt::format(
             "- Output `{}` (input set {}): max abs error {:.3g}, max rel error {:.3g}, relative norm {:.3g}; "
             "{} elements outside tolerance (first at flat index {}), {} never written, {} NaN/Inf where the "
             "reference is finite\n",
             o.name, o.input_set, o.max_abs, o.max_rel, o.rel_norm, o.mismatches, o.first_mismatch, o.unwritten,
             o.nan_mismatches);
+        if (const TensorSpec* t = sig ? sig->Find(o.name) : nullptr; t && o.first_mismatch >= 0 && !t->is_scalar) {
+          out.pop_back();  // the line's newline: the position belongs to it
+          out += fmt::format("; the first wrong element is {} of shape {}, in input set {}\n",
+                             IndexInShape(o.name, o.first_mismatch, t->shape), Shape(t->shape), o.input_set);
+        }
+      }
       break;
     case EvalStatus::kCorrect:
       out += "(the candidate is correct)";
@@ -195,6 +293,7 @@ StatusOr<RenderedPrompt> RenderIdeasPrompt(const PromptLibrary& lib, const Ideas
   std::vector<TemplateRecord> tried;
   for (const auto& t : in.tried) tried.push_back({{"idea", t.idea}, {"outcome", t.outcome}});
   v.SetList("tried_ideas", std::move(tried));
+  v.Set("best_kernels", TopKernelsText(in.best));
   v.Set("num_ideas", std::to_string(in.num_ideas));
   v.Set("bank_examples", BankExamplesText(in.bank));
   return Render(lib, "ideas", v);
@@ -214,7 +313,7 @@ StatusOr<RenderedPrompt> RenderRepairPrompt(const PromptLibrary& lib, const Repa
   v.Set("candidate_source", in.candidate.source);
   v.Set("candidate_plan", in.candidate.plan_json);
   v.Set("failure_status", EvalStatusName(in.evaluation.status));
-  v.Set("failure_details", FailureDetails(in.evaluation));
+  v.Set("failure_details", FailureDetails(in.evaluation, &in.problem.signature));
   return Render(lib, "repair", v);
 }
 

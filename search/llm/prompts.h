@@ -32,6 +32,10 @@ struct GpuFacts {
   double fp32_tflops = 0;                  // CUDA cores, TF32 off
   double tf32_tflops = 0;                  // tensor cores
   double fp16_tensor_tflops = 0;           // tensor cores, the larger of fp16 and bf16
+  // Occupancy limits of one SM (0: unknown).
+  int max_threads_per_sm = 0;
+  int max_blocks_per_sm = 0;
+  int max_registers_per_thread = 0;        // 255 on every GPU of compute capability 3.5 and later
 };
 
 // The kernel a round starts from: a correct candidate with its evaluation, or
@@ -42,6 +46,15 @@ struct ParentKernel {
   // Reference timings, shown when the parent is the reference itself.
   std::optional<TimingStats> eager;
   std::optional<TimingStats> compiled;
+};
+
+// One of the best correct kernels of the search so far, as the ideas prompt
+// lists them so that a model can combine what worked.
+struct TopKernel {
+  int64_t id = 0;            // for the caller; prompts do not show it
+  std::string idea;          // the idea it implements ("" for the seed)
+  Evaluation evaluation;     // its figures
+  bool is_parent = false;    // the starting point of this prompt
 };
 
 struct TriedIdea {
@@ -72,6 +85,7 @@ struct IdeasPromptInputs {
   ProblemContext problem;
   ParentKernel parent;
   std::vector<TriedIdea> tried;  // in this lineage, from this parent
+  std::vector<TopKernel> best;   // the best correct kernels of the search, fastest first
   int num_ideas = 4;
   std::vector<BankKernel> bank;  // examples from other problems; may be empty
 };
@@ -107,6 +121,16 @@ std::string SignatureTable(const Signature& sig);     // a markdown table
 std::string GpuFactsText(const GpuFacts& gpu);         // a bullet list; unknown figures say "unknown"
 std::string BankExamplesText(const std::vector<BankKernel>& bank);  // "" when empty
 std::string MeasurementsText(const ParentKernel& parent);
-std::string FailureDetails(const Evaluation& e);       // compile log, plan error or mismatch figures
+// Compile log, plan error or mismatch figures; with the signature, the first
+// mismatch is also named by its position in the output's shape (out[3, 1021]).
+std::string FailureDetails(const Evaluation& e, const Signature* sig = nullptr);
+// The contract's device section: shared memory per block and the register
+// budget per thread at each block size ("unknown" where the facts are missing).
+std::string LaunchLimitsText(const GpuFacts& gpu);
+// "out[3, 1021]": a flat index of a contiguous tensor by its position.
+std::string IndexInShape(const std::string& name, int64_t flat, const std::vector<int64_t>& shape);
+// The figures of one evaluation in one line: time, speedups, fraction of the floor.
+std::string FiguresLine(const Evaluation& e);
+std::string TopKernelsText(const std::vector<TopKernel>& best);
 
 }  // namespace ks

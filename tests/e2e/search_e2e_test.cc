@@ -346,6 +346,63 @@ TEST_F(SearchE2eTest, DeviceFactsFromTheEvaluatorReachTheConfigAndPrompts) {
   EXPECT_NE(prompt.find("TFLOP/s: FP32 51.2, TF32 tensor cores 361"), std::string::npos) << prompt;
 }
 
+// Issue 17 as a user sees it: per-launch figures and occupancy stored with each
+// evaluation, shown by `kernelsearch show`, and given to the model in the next
+// round's ideas prompt beside this GPU's register budget.
+TEST_F(SearchE2eTest, PerLaunchFiguresReachShowAndTheIdeasPrompt) {
+  const std::string db = Path("profile.db");
+  nlohmann::json facts = {{"name", "Fake H100"},          {"compute_capability", "9.0"},
+                          {"sm_count", 132},              {"shared_bytes_per_block", 232448},
+                          {"shared_bytes_per_sm", 233472}, {"l2_bytes", 52428800},
+                          {"registers_per_sm", 65536},    {"max_threads_per_sm", 2048},
+                          {"max_blocks_per_sm", 32},      {"max_registers_per_thread", 255},
+                          {"memory_bandwidth_gbps", 3021.0}};
+  std::vector<std::string> args = {kBinary,   "search",  problem_,     "--db",      db,   "--signature",
+                                   signature_, "--model", kModel,       "--rounds",  "1",  "--ideas", "1",
+                                   "--branches", "1",      "--beam", "1", "--repair",   "1",         "--quiet", "--json"};
+  args.insert(args.end(), {"--evaluator", EvaluatorSpec("profile.json", Path("profile.log"), 0, {{"gpu", facts}})});
+  SubprocessOptions o;
+  o.argv = args;
+  o.timeout_s = 300;
+  o.env["KS_FAKE_MODEL_PROFILE"] = "1";
+  auto r = RunSubprocess(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->Succeeded()) << r->Describe() << "\nstderr: " << r->err;
+
+  auto store = LineageStore::Open(db);
+  ASSERT_TRUE(store.ok());
+  auto cands = (*store)->ListCandidates(1);
+  ASSERT_TRUE(cands.ok());
+  std::optional<int64_t> correct;
+  for (const auto& c : *cands)
+    if (c.evaluation && c.evaluation->status == EvalStatus::kCorrect) correct = c.id;
+  ASSERT_TRUE(correct.has_value()) << "no correct candidate";
+  // 40 registers x 256 threads: 1280 per warp, 51 warps of registers, 6 blocks.
+  SubprocessResult show = Run({kBinary, "show", std::to_string(*correct), "--db", db});
+  ASSERT_TRUE(show.Succeeded()) << show.Describe();
+  EXPECT_NE(show.out.find("each launch on its own:\n  launch 0 `"), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("(100% of the plan); occupancy 6 blocks/SM of 256 threads (75% of the SM's warps), 40 "
+                          "registers/thread, 0 B shared/block; limited by registers (registers allow 6, shared "
+                          "memory 228, threads 8, block limit 32)"),
+            std::string::npos)
+      << show.out;
+
+  auto calls = (*store)->ListLlmCalls(1, true);
+  ASSERT_TRUE(calls.ok());
+  int ideas = 0;
+  for (const auto& c : *calls) {
+    const std::string& prompt = c.record.prompt;
+    EXPECT_NE(prompt.find("| 256 | 255 | 32 (8 blocks, 2048 threads per SM) |"), std::string::npos) << prompt;
+    if (c.record.role != "ideas") continue;
+    ++ideas;
+    EXPECT_NE(prompt.find("Each launch on its own"), std::string::npos) << prompt;
+    EXPECT_NE(prompt.find("limited by registers (registers allow 6"), std::string::npos) << prompt;
+    EXPECT_NE(prompt.find("## The best kernels so far in this search\n"), std::string::npos) << prompt;
+    EXPECT_NE(prompt.find("6 blocks/SM, registers-limited"), std::string::npos) << prompt;
+  }
+  EXPECT_EQ(ideas, 1);
+}
+
 }  // namespace
 }  // namespace ks
 

@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "common/files.h"
 #include "tests/evaluator/gpu_test_util.h"
 
 namespace ks {
@@ -238,6 +241,58 @@ TEST(GpuEvalTest, AMultiGigabyteProblemRuns) {
   ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
   std::printf("2 GiB scale: median %.3f ms, %.0f GB/s, speedup vs eager %.2fx\n", e.timing->median_ms,
               e.roofline->achieved_gbps, e.speedup_eager.value_or(0));
+}
+
+}  // namespace
+}  // namespace ks
+
+namespace ks {
+namespace {
+
+// Issue 17: each launch of a two-launch plan is timed on its own (in split runs
+// apart from the timed ones), and the launch times add up to the plan's median;
+// each kernel's occupancy comes from the driver with the resource that limits it.
+TEST(GpuEvalTest, EachLaunchIsTimedOnItsOwnAndTheTimesAddUpToThePlan) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("big_scale.py"), /*sets=*/2);
+  ASSERT_NE(ev, nullptr);
+  auto source = ReadFile(GpuFixture("two_launch_scale.cu"));
+  auto plan = ReadFile(GpuFixture("two_launch_scale.json"));
+  ASSERT_TRUE(source.ok() && plan.ok());
+  Evaluation e = EvalOne(ev, *source, *plan);
+  ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
+  ASSERT_EQ(e.launch_profiles.size(), 2u);
+  double sum = 0;
+  for (const auto& p : e.launch_profiles) {
+    std::printf("launch %d %s: median %.4f ms over %d runs (%.0f%%), %.0f GB/s over %.0f MB; ", p.index,
+                p.kernel.c_str(), p.median_ms, p.runs, 100 * p.share, p.achieved_gbps, p.bytes / 1e6);
+    ASSERT_TRUE(p.occupancy.has_value()) << p.kernel;
+    const Occupancy& o = *p.occupancy;
+    std::printf("%d blocks/SM, %d registers, limited by %s (registers %d, shared %d, threads %d, blocks %d)\n",
+                o.blocks_per_sm, o.registers, o.limiter.c_str(), o.by_registers, o.by_shared, o.by_threads,
+                o.by_block_limit);
+    EXPECT_GT(p.median_ms, 0);
+    EXPECT_GT(p.share, 0.2) << "both launches move gigabytes";
+    EXPECT_GT(p.achieved_gbps, 100);
+    // 256 threads with few registers and no shared memory: 2048 / 256 = 8 blocks.
+    EXPECT_EQ(o.threads_per_block, 256);
+    EXPECT_EQ(o.blocks_per_sm, 8);
+    EXPECT_EQ(o.by_threads, 8);
+    EXPECT_EQ(o.limiter, "threads");
+    EXPECT_NEAR(o.warps_fraction, 1.0, 1e-9);
+    sum += p.median_ms;
+  }
+  EXPECT_EQ(e.launch_profiles[0].kernel, "twice");
+  EXPECT_EQ(e.launch_profiles[1].kernel, "plus_one");
+  EXPECT_DOUBLE_EQ(e.launch_profiles[0].bytes, 2.0 * (1 << 29) * 4);  // x and out
+  EXPECT_DOUBLE_EQ(e.launch_profiles[1].bytes, 1.0 * (1 << 29) * 4);  // out
+  std::printf("plan median %.4f ms, launches sum %.4f ms (%.2f%% apart)\n", e.timing->median_ms, sum,
+              100 * std::abs(sum / e.timing->median_ms - 1));
+  EXPECT_NEAR(sum, e.timing->median_ms, 0.05 * e.timing->median_ms);
+  // What `kernelsearch eval --json` prints carries them.
+  nlohmann::json j = EvaluationToJson(e);
+  ASSERT_EQ(j["launch_profiles"].size(), 2u);
+  EXPECT_EQ(j["launch_profiles"][1]["occupancy"]["limiter"], "threads");
 }
 
 }  // namespace

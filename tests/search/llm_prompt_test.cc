@@ -220,6 +220,70 @@ TEST(KernelBankTest, SimilarityIsTheOverlapOfTheTorchOperationsNamed) {
   EXPECT_THAT(text, HasSubstr("### p1 (bank kernel 10): 3.00x over eager"));
   EXPECT_THAT(text, HasSubstr("// kernel 30"));
   EXPECT_EQ(BankExamplesText({}), "");
+
+TEST(LlmPromptTest, IdeasPromptShowsEachLaunchAndItsOccupancy) {
+  Evaluation e = MeasuredEvaluation();
+  Occupancy reg;
+  reg.threads_per_block = 256;
+  reg.registers = 64;
+  reg.blocks_per_sm = 4;
+  ExplainOccupancy(SmLimits{65536, 65536, 233472, 1024, 2048, 32}, &reg);
+  e.launch_profiles = BuildLaunchProfiles({"row_stats", "normalize"}, {{0.9}, {0.3}}, {5.4e8, 1.08e9}, 0, 3010, 0,
+                                          {reg, std::nullopt});
+  IdeasPromptInputs in;
+  in.problem = LayerNormProblem();
+  in.parent.candidate = SeedCandidate();
+  in.parent.evaluation = e;
+  in.best = {{7, "Welford in registers, one block per row", e, true},
+             {3, "", MeasuredEvaluation(), false}};
+  auto p = RenderIdeasPrompt(Library(), in);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string& u = p->user;
+  EXPECT_THAT(u, HasSubstr("Each launch on its own (events between launches"));
+  EXPECT_THAT(u, HasSubstr("  - launch 0 `row_stats`: 0.9000 ms (75% of the plan), 600 GB/s over the 515.0 MiB of "
+                           "buffers it is passed (20% of its floor); occupancy 4 blocks/SM of 256 threads (50% of the "
+                           "SM's warps), 64 registers/thread, 0 B shared/block; limited by registers (registers allow "
+                           "4, shared memory 228, threads 8, block limit 32)"));
+  EXPECT_THAT(u, HasSubstr("  - launch 1 `normalize`: 0.3000 ms (25% of the plan), 3600 GB/s"));
+  // The best kernels: the starting point first, with its idea and figures, then the seed.
+  EXPECT_THAT(u, HasSubstr("1. (the starting point below) 1.2340 ms, 2.03x eager, 1.46x torch.compile, "
+                           "15% of the floor (438 GB/s); launches: `row_stats` 0.9000 ms (4 blocks/SM, "
+                           "registers-limited) `normalize` 0.3000 ms\n   idea: Welford in registers, one block per row"));
+  EXPECT_THAT(u, HasSubstr("2. 1.2340 ms"));
+  EXPECT_THAT(u, HasSubstr("   idea: (the seed kernel)"));
+  EXPECT_THAT(u, HasSubstr("   launch `row_stats`: grid (16, 1, 1), block (256, 1, 1)"));
+  // The contract in the same prompt: the cluster feature and this GPU's limits.
+  EXPECT_THAT(u, HasSubstr("`\"cluster\"`"));
+  EXPECT_THAT(u, HasSubstr("- Shared memory per block: 227.0 KiB at most"));
+  EXPECT_THAT(u, HasSubstr("- Registers: 65536 per SM"));
+
+  in.best.clear();
+  auto none = RenderIdeasPrompt(Library(), in);
+  ASSERT_TRUE(none.ok());
+  EXPECT_THAT(none->user, HasSubstr("(no correct kernel yet)"));
+}
+
+TEST(LlmPromptTest, RepairPromptNamesTheFirstWrongElementByItsPosition) {
+  RepairPromptInputs rp;
+  rp.problem = LayerNormProblem();
+  rp.candidate = SeedCandidate();
+  rp.evaluation.status = EvalStatus::kIncorrect;
+  rp.evaluation.message = "output 'out', input set 2: 3 of 67108864 elements wrong; first at index 197885: got 1, "
+                          "expected 0.5";
+  OutputError oe;
+  oe.name = "out";
+  oe.mismatches = 3;
+  // [16, 64, 256, 256]: 197885 = 3 * 65536 + 4 * 256 + 253.
+  oe.first_mismatch = 197885;
+  oe.input_set = 2;
+  rp.evaluation.errors = {oe};
+  auto r = RenderRepairPrompt(Library(), rp);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_THAT(r->user, HasSubstr("the first wrong element is out[0, 3, 4, 253] of shape [16, 64, 256, 256], in input "
+                                 "set 2"));
+  EXPECT_THAT(r->user, HasSubstr("got 1, expected 0.5"));
+  EXPECT_EQ(IndexInShape("y", 5, {2, 3}), "y[1, 2]");
+  EXPECT_EQ(IndexInShape("y", 0, {}), "y[]");
 }
 
 TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
@@ -229,6 +293,9 @@ TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
        {"problem_name", "problem_source", "signature_table", "gpu_facts", "parent_description", "parent_code",
         "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status", "bank_examples",
         "failure_details"})
+
+        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status",
+        "failure_details", "launch_limits", "best_kernels"})
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
   std::vector<std::string> names = lib.Names();
