@@ -220,6 +220,7 @@ TEST(KernelBankTest, SimilarityIsTheOverlapOfTheTorchOperationsNamed) {
   EXPECT_THAT(text, HasSubstr("### p1 (bank kernel 10): 3.00x over eager"));
   EXPECT_THAT(text, HasSubstr("// kernel 30"));
   EXPECT_EQ(BankExamplesText({}), "");
+}
 
 TEST(LlmPromptTest, IdeasPromptShowsEachLaunchAndItsOccupancy) {
   Evaluation e = MeasuredEvaluation();
@@ -291,11 +292,8 @@ TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
   TemplateVars v;
   for (const char* name :
        {"problem_name", "problem_source", "signature_table", "gpu_facts", "parent_description", "parent_code",
-        "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status", "bank_examples",
-        "failure_details"})
-
         "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status",
-        "failure_details", "launch_limits", "best_kernels"})
+        "bank_examples", "failure_details", "launch_limits", "best_kernels"})
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
   std::vector<std::string> names = lib.Names();
