@@ -212,8 +212,28 @@ class Worker {
     if (d_->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, s.fn) != CUDA_SUCCESS) regs = -1;
     if (d_->cuFuncGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, s.fn) != CUDA_SUCCESS)
       static_shared = -1;
-    return {{"blocks_per_sm", blocks}, {"threads", threads}, {"registers", regs},
-            {"static_shared", static_shared}, {"dynamic_shared", s.shared}};
+    json out{{"blocks_per_sm", blocks}, {"threads", threads}, {"registers", regs},
+             {"static_shared", static_shared}, {"dynamic_shared", s.shared}};
+    // A cluster's blocks must be resident together on one GPC, which the
+    // per-SM figure cannot show: ask how many clusters fit on the whole GPU.
+    if (s.cluster) {
+      CUlaunchAttribute attr;
+      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr.value.clusterDim.x = (*s.cluster)[0];
+      attr.value.clusterDim.y = (*s.cluster)[1];
+      attr.value.clusterDim.z = (*s.cluster)[2];
+      CUlaunchConfig cfg{};
+      cfg.gridDimX = s.grid[0]; cfg.gridDimY = s.grid[1]; cfg.gridDimZ = s.grid[2];
+      cfg.blockDimX = s.block[0]; cfg.blockDimY = s.block[1]; cfg.blockDimZ = s.block[2];
+      cfg.sharedMemBytes = s.shared;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = -1;
+      if (d_->cuOccupancyMaxActiveClusters(&clusters, s.fn, &cfg) != CUDA_SUCCESS) clusters = -1;
+      out["cluster_size"] = (*s.cluster)[0] * (*s.cluster)[1] * (*s.cluster)[2];
+      out["max_active_clusters"] = clusters;
+    }
+    return out;
   }
 
   // Every run is prepared the same way, so a kernel cannot tell a checked run
