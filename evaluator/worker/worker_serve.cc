@@ -155,6 +155,14 @@ class Worker {
       if (l.contains("cluster") && l["cluster"].is_array())
         s.cluster = std::array<unsigned, 3>{l["cluster"][0].get<unsigned>(), l["cluster"][1].get<unsigned>(),
                                             l["cluster"][2].get<unsigned>()};
+      // Clusters above 8 blocks are legal on sm_90 only once the kernel opts in;
+      // the plan parser allows up to 16 (PlanLimits::max_cluster_size).
+      if (s.cluster && (*s.cluster)[0] * (*s.cluster)[1] * (*s.cluster)[2] > 8) {
+        CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+        if (r != CUDA_SUCCESS)
+          return Fail("launch_error", s.kernel + ": this GPU does not allow clusters of more than 8 blocks: " +
+                                          d_->ErrorName(r));
+      }
       if (s.shared > 48 * 1024) {
         CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, s.shared);
         if (r != CUDA_SUCCESS)

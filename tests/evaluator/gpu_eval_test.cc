@@ -315,6 +315,16 @@ TEST(GpuEvalTest, AClusterLaunchReportsClusterResidency) {
   EXPECT_EQ(o.cluster_size, 2);
   EXPECT_GT(o.max_active_clusters, 0);
   std::printf("%s", LaunchProfileText(e.launch_profiles, "  ").c_str());
+
+  // 16 blocks: beyond the portable 8, which the worker opts the kernel in for.
+  const char* plan16 = R"P({"launches": [
+    {"kernel": "twice", "grid": [256], "block": [256], "args": ["x", "out", "x.numel"]},
+    {"kernel": "plus_one", "grid": [256], "block": [256], "cluster": [16], "args": ["out", "x.numel"]}]})P";
+  Evaluation e16 = EvalOne(ev, *source, plan16);
+  ASSERT_EQ(e16.status, EvalStatus::kCorrect) << e16.message;
+  ASSERT_TRUE(e16.launch_profiles.size() == 2 && e16.launch_profiles[1].occupancy);
+  EXPECT_EQ(e16.launch_profiles[1].occupancy->cluster_size, 16);
+  std::printf("%s", LaunchProfileText(e16.launch_profiles, "  ").c_str());
 }
 
 }  // namespace
