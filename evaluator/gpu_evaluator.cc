@@ -996,6 +996,8 @@ StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const Resolve
       v.threads_per_block = j.value("threads", 0);
       v.registers = std::max(0, j.value("registers", 0));
       v.shared_bytes = std::max(0, j.value("static_shared", 0)) + j.value("dynamic_shared", int64_t{0});
+      v.cluster_size = j.value("cluster_size", 0);
+      v.max_active_clusters = j.value("max_active_clusters", -1);
       ExplainOccupancy(sm, &v);
       o = v;
     }

@@ -133,6 +133,10 @@ std::string LaunchProfileText(const std::vector<LaunchProfile>& profiles, const 
         out += "; limited by " + o.limiter + " (registers allow " + Bound(o.by_registers) + ", shared memory " +
                Bound(o.by_shared) + ", threads " + Bound(o.by_threads) + ", block limit " + Bound(o.by_block_limit) +
                ")";
+      if (o.cluster_size > 0)
+        out += "; clusters of " + std::to_string(o.cluster_size) + " blocks: " +
+               (o.max_active_clusters >= 0 ? "at most " + std::to_string(o.max_active_clusters) + " resident on the GPU"
+                                           : std::string("residency unknown"));
     }
     out += "\n";
   }
@@ -154,7 +158,8 @@ json LaunchProfilesToJson(const std::vector<LaunchProfile>& ps) {
                         {"registers", o.registers},           {"shared_bytes", o.shared_bytes},
                         {"by_registers", o.by_registers},     {"by_shared", o.by_shared},
                         {"by_threads", o.by_threads},         {"by_block_limit", o.by_block_limit},
-                        {"limiter", o.limiter},               {"warps_fraction", o.warps_fraction}};
+                        {"limiter", o.limiter},               {"warps_fraction", o.warps_fraction},
+                        {"cluster_size", o.cluster_size},     {"max_active_clusters", o.max_active_clusters}};
     } else {
       j["occupancy"] = nullptr;
     }
@@ -193,6 +198,8 @@ std::vector<LaunchProfile> LaunchProfilesFromJson(const json& j) {
       oc.by_block_limit = o.value("by_block_limit", -1);
       oc.limiter = o.value("limiter", "");
       oc.warps_fraction = o.value("warps_fraction", 0.0);
+      oc.cluster_size = o.value("cluster_size", 0);
+      oc.max_active_clusters = o.value("max_active_clusters", -1);
       p.occupancy = oc;
     }
     out.push_back(std::move(p));

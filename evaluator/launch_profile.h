@@ -36,6 +36,10 @@ struct Occupancy {
   int by_registers = -1, by_shared = -1, by_threads = -1, by_block_limit = -1;
   std::string limiter;       // "registers", "shared memory", "threads", "block limit" ("" unknown)
   double warps_fraction = 0; // resident warps / the SM's maximum
+  // Cluster launches: blocks per cluster, and how many clusters the whole GPU
+  // holds at once (cuOccupancyMaxActiveClusters; -1 unknown).
+  int cluster_size = 0;
+  int max_active_clusters = -1;
 };
 
 struct LaunchProfile {

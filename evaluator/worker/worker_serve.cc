@@ -174,6 +174,14 @@ class Worker {
       if (l.contains("cluster") && l["cluster"].is_array())
         s.cluster = std::array<unsigned, 3>{l["cluster"][0].get<unsigned>(), l["cluster"][1].get<unsigned>(),
                                             l["cluster"][2].get<unsigned>()};
+      // Clusters above 8 blocks are legal on sm_90 only once the kernel opts in;
+      // the plan parser allows up to 16 (PlanLimits::max_cluster_size).
+      if (s.cluster && (*s.cluster)[0] * (*s.cluster)[1] * (*s.cluster)[2] > 8) {
+        CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+        if (r != CUDA_SUCCESS)
+          return Fail("launch_error", s.kernel + ": this GPU does not allow clusters of more than 8 blocks: " +
+                                          d_->ErrorName(r));
+      }
       if (s.shared > 48 * 1024) {
         CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, s.shared);
         if (r != CUDA_SUCCESS)
@@ -231,8 +239,28 @@ class Worker {
     if (d_->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, s.fn) != CUDA_SUCCESS) regs = -1;
     if (d_->cuFuncGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, s.fn) != CUDA_SUCCESS)
       static_shared = -1;
-    return {{"blocks_per_sm", blocks}, {"threads", threads}, {"registers", regs},
-            {"static_shared", static_shared}, {"dynamic_shared", s.shared}};
+    json out{{"blocks_per_sm", blocks}, {"threads", threads}, {"registers", regs},
+             {"static_shared", static_shared}, {"dynamic_shared", s.shared}};
+    // A cluster's blocks must be resident together on one GPC, which the
+    // per-SM figure cannot show: ask how many clusters fit on the whole GPU.
+    if (s.cluster) {
+      CUlaunchAttribute attr;
+      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr.value.clusterDim.x = (*s.cluster)[0];
+      attr.value.clusterDim.y = (*s.cluster)[1];
+      attr.value.clusterDim.z = (*s.cluster)[2];
+      CUlaunchConfig cfg{};
+      cfg.gridDimX = s.grid[0]; cfg.gridDimY = s.grid[1]; cfg.gridDimZ = s.grid[2];
+      cfg.blockDimX = s.block[0]; cfg.blockDimY = s.block[1]; cfg.blockDimZ = s.block[2];
+      cfg.sharedMemBytes = s.shared;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = -1;
+      if (d_->cuOccupancyMaxActiveClusters(&clusters, s.fn, &cfg) != CUDA_SUCCESS) clusters = -1;
+      out["cluster_size"] = (*s.cluster)[0] * (*s.cluster)[1] * (*s.cluster)[2];
+      out["max_active_clusters"] = clusters;
+    }
+    return out;
   }
 
   // Every run is prepared the same way, so a kernel cannot tell a checked run

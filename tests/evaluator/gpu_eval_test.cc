@@ -295,5 +295,37 @@ TEST(GpuEvalTest, EachLaunchIsTimedOnItsOwnAndTheTimesAddUpToThePlan) {
   EXPECT_EQ(j["launch_profiles"][1]["occupancy"]["limiter"], "threads");
 }
 
+// A cluster launch also says how many of its clusters the GPU holds at once.
+TEST(GpuEvalTest, AClusterLaunchReportsClusterResidency) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
+  ASSERT_NE(ev, nullptr);
+  if (ev->device_info().sm_major < 9) GTEST_SKIP() << "clusters need compute capability 9.0";
+  auto source = ReadFile(GpuFixture("two_launch_scale.cu"));
+  ASSERT_TRUE(source.ok());
+  const char* plan = R"P({"launches": [
+    {"kernel": "twice", "grid": [264], "block": [256], "args": ["x", "out", "x.numel"]},
+    {"kernel": "plus_one", "grid": [264], "block": [256], "cluster": [2], "args": ["out", "x.numel"]}]})P";
+  Evaluation e = EvalOne(ev, *source, plan);
+  ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
+  ASSERT_EQ(e.launch_profiles.size(), 2u);
+  ASSERT_TRUE(e.launch_profiles[0].occupancy && e.launch_profiles[1].occupancy);
+  EXPECT_EQ(e.launch_profiles[0].occupancy->cluster_size, 0);
+  const Occupancy& o = *e.launch_profiles[1].occupancy;
+  EXPECT_EQ(o.cluster_size, 2);
+  EXPECT_GT(o.max_active_clusters, 0);
+  std::printf("%s", LaunchProfileText(e.launch_profiles, "  ").c_str());
+
+  // 16 blocks: beyond the portable 8, which the worker opts the kernel in for.
+  const char* plan16 = R"P({"launches": [
+    {"kernel": "twice", "grid": [256], "block": [256], "args": ["x", "out", "x.numel"]},
+    {"kernel": "plus_one", "grid": [256], "block": [256], "cluster": [16], "args": ["out", "x.numel"]}]})P";
+  Evaluation e16 = EvalOne(ev, *source, plan16);
+  ASSERT_EQ(e16.status, EvalStatus::kCorrect) << e16.message;
+  ASSERT_TRUE(e16.launch_profiles.size() == 2 && e16.launch_profiles[1].occupancy);
+  EXPECT_EQ(e16.launch_profiles[1].occupancy->cluster_size, 16);
+  std::printf("%s", LaunchProfileText(e16.launch_profiles, "  ").c_str());
+}
+
 }  // namespace
 }  // namespace ks

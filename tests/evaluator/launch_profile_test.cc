@@ -103,6 +103,19 @@ TEST(LaunchProfileTest, FiguresPerLaunch) {
   EXPECT_THAT(text, HasSubstr("- launch 1 `b`: 0.1000 ms (25% of the plan)"));
 }
 
+TEST(LaunchProfileTest, ClusterResidencyIsShown) {
+  Occupancy o = Explain(1024, 32, 0, 2);
+  o.cluster_size = 2;
+  o.max_active_clusters = 132;
+  auto ps = BuildLaunchProfiles({"rows"}, {{0.5}}, {0}, 0, 0, 0, {o});
+  EXPECT_THAT(LaunchProfileText(ps, ""), HasSubstr("; clusters of 2 blocks: at most 132 resident on the GPU"));
+  ps[0].occupancy->max_active_clusters = -1;
+  EXPECT_THAT(LaunchProfileText(ps, ""), HasSubstr("; clusters of 2 blocks: residency unknown"));
+  auto back = LaunchProfilesFromJson(LaunchProfilesToJson(ps));
+  EXPECT_EQ(back[0].occupancy->cluster_size, 2);
+  EXPECT_EQ(back[0].occupancy->max_active_clusters, -1);
+}
+
 TEST(LaunchProfileTest, StoredWithTheEvaluation) {
   Evaluation e;
   e.status = EvalStatus::kCorrect;
