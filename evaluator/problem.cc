@@ -126,11 +126,51 @@ Code CodeForKind(const std::string& kind) {
   return Code::kInvalidArgument;
 }
 
+// Whether `python` has torch installed, found without importing it (importing
+// torch costs a second or more; the bridge imports it anyway and says clearly
+// when it cannot). Cached per interpreter.
+bool HasTorchInstalled(const std::string& python) {
+  static std::mutex mu;
+  static std::map<std::string, bool> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(python); it != cache.end()) return it->second;
+  }
+  SubprocessOptions o;
+  o.argv = {python, "-c", "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)"};
+  o.timeout_s = 60;
+  o.env = PythonEnv();
+  auto r = RunSubprocess(o);
+  bool has = r.ok() && r->Succeeded();
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(python, has).first->second;
+}
+
+// The interpreter that runs the bridge, in ResolvePython's order, without the
+// full probe (which imports torch): the first whose torch can be found. A signature then costs one torch import, not two.
+StatusOr<std::string> BridgeInterpreter(const std::string& explicit_python) {
+  std::string chosen = !explicit_python.empty() ? explicit_python : Env("KS_PYTHON");
+  if (!chosen.empty()) {
+    if (HasTorchInstalled(chosen)) return chosen;
+    // Not a python, or one without torch: the full probe says which and why.
+    KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(explicit_python));
+    return py.python;
+  }
+  std::vector<std::string> candidates;
+  if (auto p = FindOnPath("python3")) candidates.push_back(*p);
+  if (candidates.empty() || candidates[0] != "/usr/bin/python3") candidates.push_back("/usr/bin/python3");
+  for (const auto& c : candidates)
+    if (HasTorchInstalled(c)) return c;
+  // None has torch: the full probe's message lists every interpreter and why.
+  KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(""));
+  return py.python;
+}
+
 StatusOr<json> RunBridge(const std::string& file, std::vector<std::string> args, const BridgeOptions& opts) {
-  KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(opts.python));
+  KS_ASSIGN_OR_RETURN(std::string python, BridgeInterpreter(opts.python));
   KS_ASSIGN_OR_RETURN(std::string bridge, FindDataFile("reference/bridge.py"));
   SubprocessOptions o;
-  o.argv = {py.python, bridge};
+  o.argv = {python, bridge};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.timeout_s = opts.timeout_s;
   o.env = PythonEnv();

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -194,6 +195,81 @@ TEST(SignatureTest, ProblemPrintsDoNotCorruptTheAnswer) {
   auto s = LoadProblemSignature(Fixture("noisy_constant.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{10, 3}));
+}
+
+SubprocessResult RunCli(std::vector<std::string> args);
+
+// ---- Signatures without computing -----------------------------------------------------
+
+// Runs `bridge.py signature FILE` directly: how the shapes were found
+// ("meta", or "forward on cpu") is in its answer, not in the C++ Signature.
+nlohmann::json BridgeSignature(const std::string& file) {
+  auto py = ResolvePython();
+  KS_CHECK(py.ok());
+  SubprocessOptions o;
+  o.argv = {py->python, KS_SOURCE_DIR "/evaluator/reference/bridge.py", "signature", file};
+  o.timeout_s = 300;
+  auto r = RunSubprocess(o);
+  KS_CHECK(r.ok());
+  return nlohmann::json::parse(r->out, nullptr, false);
+}
+
+// The forward of huge_shapes.py needs 64 GiB (its input alone is 32 GiB); this
+// machine class has far less, so a signature that ran it would fail or be
+// killed. It must come back quickly, from shapes only.
+TEST(MetaSignatureTest, ProblemLargerThanMemoryGetsItsSignatureWithoutRunning) {
+  REQUIRE_TORCH();
+  auto t0 = std::chrono::steady_clock::now();
+  auto s = LoadProblemSignature(Fixture("huge_shapes.py"));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  // 5 s on an idle 2-core machine (one torch import); the bound leaves room for a loaded CI machine.
+  EXPECT_LT(secs, 30.0);
+  ASSERT_EQ(s->inputs.size(), 2u);
+  EXPECT_EQ(s->inputs[0].shape, (std::vector<int64_t>{8192, 1 << 20}));
+  EXPECT_EQ(s->inputs[0].bytes(), int64_t{32} << 30);
+  EXPECT_EQ(s->inputs[1].dtype, DType::kBool);
+  ASSERT_EQ(s->parameters.size(), 2u);
+  EXPECT_EQ(s->Find("proj.weight")->shape, (std::vector<int64_t>{16, 512}));
+  ASSERT_EQ(s->outputs.size(), 3u);
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{8192, 1 << 20}));
+  EXPECT_EQ(s->outputs[1].dtype, DType::kInt64);  // argmax
+  EXPECT_EQ(s->outputs[1].shape, (std::vector<int64_t>{8192}));
+  EXPECT_TRUE(s->outputs[2].shape.empty());  // a 0-dim sum
+  EXPECT_EQ(BridgeSignature(Fixture("huge_shapes.py")).value("inferred_by", ""), "meta");
+}
+
+// torch 1.13 has no meta kernel for max_pool3d; the bridge's shape rule must
+// agree with PyTorch's (dilation, padding, ceil_mode), and `.cuda()` in forward
+// must not force a real run on a machine without a GPU.
+TEST(MetaSignatureTest, MaxPool3dOverA32GiBInputUsesTheShapeRule) {
+  REQUIRE_TORCH();
+  auto j = BridgeSignature(Fixture("huge_pool3d.py"));
+  ASSERT_TRUE(j.is_object() && !j.contains("error")) << j.dump();
+  EXPECT_EQ(j.value("inferred_by", ""), "meta");
+  auto s = SignatureFromJson(j);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  // (256 + 2*1 - 3*(3-1) - 1 + (2-1)) / 2 + 1 = 127, as nn.MaxPool3d computes it.
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{16, 32, 127, 127, 127}));
+}
+
+TEST(MetaSignatureTest, DataDependentShapesFallBackToARealForward) {
+  REQUIRE_TORCH();
+  auto j = BridgeSignature(Fixture("data_dependent.py"));
+  ASSERT_TRUE(j.is_object() && !j.contains("error")) << j.dump();
+  EXPECT_EQ(j.value("inferred_by", ""), "forward on cpu");
+  auto s = SignatureFromJson(j);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{4, 3}));
+}
+
+// `problem info` (and `compile`, through the same LoadProblemSignature) is what
+// a user runs on a CPU machine: it answers for the 32 GiB problem.
+TEST(MetaSignatureTest, ProblemInfoAnswersForAHugeProblem) {
+  REQUIRE_TORCH();
+  SubprocessResult info = RunCli({"problem", "info", Fixture("huge_shapes.py")});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_THAT(info.out, ::testing::ContainsRegex("input +x +float32 +\\[8192, 1048576\\]"));
 }
 
 // ---- Bad problem files ----------------------------------------------------------------
