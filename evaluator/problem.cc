@@ -1,5 +1,6 @@
 #include "evaluator/problem.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
+#include "evaluator/reference_cache.h"
 
 namespace ks {
 namespace fs = std::filesystem;
@@ -121,7 +123,7 @@ Probe CachedProbe(const std::string& python) {
 // input (InvalidArgument); a missing torch or GPU is the environment.
 Code CodeForKind(const std::string& kind) {
   if (kind == "no_torch" || kind == "device_error") return Code::kFailedPrecondition;
-  if (kind == "out_of_memory") return Code::kResourceExhausted;
+  if (kind == "out_of_memory" || kind == "disk_full") return Code::kResourceExhausted;
   if (kind == "internal") return Code::kInternal;
   return Code::kInvalidArgument;
 }
@@ -174,6 +176,9 @@ StatusOr<json> RunBridge(const std::string& file, std::vector<std::string> args,
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.timeout_s = opts.timeout_s;
   o.env = PythonEnv();
+  // A bridge whose caller was killed would go on writing gigabytes into a
+  // temporary directory nobody will rename: it dies with its parent.
+  o.in_child = [] { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 ? 0 : 126; };
   KS_ASSIGN_OR_RETURN(SubprocessResult r, RunSubprocess(o));
   if (r.timed_out)
     return DeadlineExceeded(file + ": the reference bridge timed out after " + std::to_string(int(opts.timeout_s)) +
@@ -215,6 +220,44 @@ class ScopedDirRemover {
 // Length-prefixed fields, so that no two different field lists hash alike.
 void AddKeyField(std::string& key, const std::string& name, const std::string& value) {
   key += name + ":" + std::to_string(value.size()) + ":" + value + "\n";
+}
+
+// How many input sets a reference may have, and the disk it will take.
+struct SetFit {
+  int sets = 0;
+  uint64_t disk_bytes = 0;  // for `sets` sets
+  std::string why;          // when sets < asked: the limit that bound it, with figures
+};
+
+// Disk: parameters once, inputs and outputs per set. Device (GpuEvaluator's
+// layout): the arena (every set's inputs, parameters, outputs) and the pristine
+// copy (inputs and parameters again), plus one reference copy of the outputs per set.
+SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget) {
+  uint64_t in = 0, params = 0, out = 0;
+  for (const auto& t : sig.inputs) if (!t.is_scalar) in += t.bytes();
+  for (const auto& t : sig.parameters) if (!t.is_scalar) params += t.bytes();
+  for (const auto& t : sig.outputs) if (!t.is_scalar) out += t.bytes();
+  auto disk = [&](int k) { return params + uint64_t(k) * (in + out); };
+  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out); };
+  const uint64_t disk_limit = std::min(cap, disk_available);
+  SetFit f;
+  for (int k = asked; k >= 1; --k) {
+    bool disk_ok = disk(k) <= disk_limit, device_ok = device_budget == 0 || device(k) <= device_budget;
+    if (disk_ok && device_ok) { f.sets = k; break; }
+  }
+  f.disk_bytes = disk(std::max(f.sets, 1));
+  if (f.sets < asked) {
+    const int k = std::max(f.sets + 1, 1);  // the first count that did not fit
+    if (disk(k) > disk_limit)
+      f.why = std::to_string(k) + " set(s) need " + HumanBytes(disk(k)) + " on disk (" + HumanBytes(in + out) +
+              " per set), but the cache " + (cap <= disk_available ? "cap is " + HumanBytes(cap) + " (--cache-cap, $KS_CACHE_CAP)"
+                                                                   : "may use only " + HumanBytes(disk_available) + " (free disk plus its own entries)");
+    else
+      f.why = std::to_string(k) + " set(s) need " + HumanBytes(device(k)) + " of GPU memory (" +
+              HumanBytes(2 * in + out) + " per set: inputs, their pristine copy, reference outputs), but " +
+              HumanBytes(device_budget) + " is free";
+  }
+  return f;
 }
 
 }  // namespace
@@ -397,6 +440,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   // Entries come from the cache with the file path of whoever made them; report this caller's.
   auto adopt = [&](ReferenceData d) {
     d.signature.file = file;
+    d.sets_requested = opts.sets;
     return d;
   };
   std::error_code ec;
@@ -408,6 +452,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
       auto d = LoadReferenceDir(dir.string());
       if (d.ok()) {
         d->from_cache = true;
+        TouchCacheEntry(dir.string());
         return adopt(std::move(d).value());
       }
       // A damaged entry (truncated file, edited manifest) is recomputed, not trusted.
@@ -420,10 +465,28 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
 
   fs::create_directories(cache, ec);
   if (ec) return PosixError(cache.string(), ec.value());
+
+  // How many sets fit, from the sizes alone (shape inference: seconds, nothing computed).
+  uint64_t cap = opts.cache_cap;
+  if (cap == 0) {
+    KS_ASSIGN_OR_RETURN(cap, DefaultCacheCap());
+  }
+  KS_ASSIGN_OR_RETURN(Signature sig, LoadProblemSignature(file, opts.bridge));
+  KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(cache.string()));
+  KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(cache.string()));
+  const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
+  if (fit.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + fit.why);
+  std::vector<std::string> warnings;
+  if (fit.sets < opts.sets)
+    warnings.push_back("using " + std::to_string(fit.sets) + " of the " + std::to_string(opts.sets) +
+                       " input sets asked for: " + fit.why);
+  std::vector<std::string> evicted;
+  KS_RETURN_IF_ERROR(MakeRoom(cache.string(), fit.disk_bytes, cap, "", &evicted).WithContext(file));
+
   static std::atomic<uint64_t> counter{0};
   const fs::path tmp = cache / (".tmp-" + stem + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
   ScopedDirRemover remove_tmp(tmp);
-  std::vector<std::string> args = {"reference", file, "--out", tmp.string(), "--sets", std::to_string(opts.sets),
+  std::vector<std::string> args = {"reference", file, "--out", tmp.string(), "--sets", std::to_string(fit.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
   if (opts.time) args.push_back("--time");
   KS_ASSIGN_OR_RETURN(json manifest, RunBridge(file, args, opts.bridge));
@@ -439,6 +502,8 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     remove_tmp.Release();
   }
   KS_ASSIGN_OR_RETURN(ReferenceData d, LoadReferenceDir(final_dir.string()));
+  d.warnings.insert(d.warnings.begin(), warnings.begin(), warnings.end());
+  d.evicted = std::move(evicted);
   return adopt(std::move(d));
 }
 

@@ -25,6 +25,7 @@ with status 2. Runs on torch 1.13 (CPU) and torch 2.x (GPU).
 """
 
 import argparse
+import errno
 import hashlib
 import inspect
 import json
@@ -892,6 +893,14 @@ def main(argv):
         return emit(result, 0)
     except BridgeError as e:
         return emit({"error": {"kind": e.kind, "message": e.message, "detail": e.detail}}, EXIT_BAD_PROBLEM)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return emit({"error": {"kind": "internal", "message": "%s: reference bridge failed: %s: %s"
+                                   % (what, type(e).__name__, _first_line(e)), "detail": _traceback_tail(e)}},
+                        EXIT_INTERNAL)
+        return emit({"error": {"kind": "disk_full", "message": "%s: the disk filled while writing the reference (%s); "
+                               "lower the cache cap (--cache-cap) or free space" % (what, _first_line(e)),
+                               "detail": _traceback_tail(e)}}, EXIT_BAD_PROBLEM)
     except MemoryError as e:
         return emit({"error": {"kind": "out_of_memory", "message": "%s: out of host memory" % what,
                                "detail": _traceback_tail(e)}}, EXIT_BAD_PROBLEM)
