@@ -1,6 +1,7 @@
 // kernelsearch eval PROBLEM CANDIDATE|DIR [--plan P] [--json]
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@ struct EvalArgs {
   bool json = false;
   bool keep_privileges = false;
   double run_timeout_s = 0;
+  CacheFlags cache;
 };
 
 // Candidates of a directory: every .md, and every .cu with a .json beside it.
@@ -64,6 +66,11 @@ int Run(const EvalArgs& a) {
   ro.sets = a.sets;
   ro.device = "cuda";
   ro.time = true;
+  auto cache = ResolveCacheFlags(a.cache);
+  if (!cache.ok()) return ReportError(cache.status());
+  std::tie(ro.cache_dir, ro.cache_cap) = *cache;
+  // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
+  if (auto free_mem = FreeDeviceMemory(0); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
   if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", a.problem.c_str());
   auto ref = PrepareReference(a.problem, ro);
   if (!ref.ok()) return ReportError(ref.status());
@@ -132,6 +139,7 @@ void RegisterEvalCommand(CLI::App& app) {
   sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")
       ->capture_default_str();
   AddPythonOption(sub, &a->python);
+  AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");
   sub->add_flag("--json", a->json, "Print JSON (one line per candidate for a directory)");
   sub->footer("Exit status: 0 all correct, 1 some candidate not correct, 2 bad input, 3 no GPU / no torch.");

@@ -125,7 +125,9 @@ StatusOr<CacheUsage> ReadCacheUsage(const std::string& dir) {
     e.path = fs::absolute(it->path()).lexically_normal().string();
     e.name = name;
     e.bytes = TreeBytes(it->path());
-    e.last_used = ToTimeT(fs::last_write_time(manifest, ec2));
+    const fs::file_time_type mtime = fs::last_write_time(manifest, ec2);
+    e.last_used = ToTimeT(mtime);
+    e.last_used_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(mtime.time_since_epoch()).count();
     if (auto text = ReadFile(manifest.string(), 64u << 20); text.ok()) {
       auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (j.is_object()) {
@@ -139,7 +141,7 @@ StatusOr<CacheUsage> ReadCacheUsage(const std::string& dir) {
   }
   if (ec) return PosixError("listing " + dir, ec.value());
   std::sort(u.entries.begin(), u.entries.end(),
-            [](const CacheEntry& a, const CacheEntry& b) { return a.last_used < b.last_used; });
+            [](const CacheEntry& a, const CacheEntry& b) { return a.last_used_ns < b.last_used_ns; });
   return u;
 }
 

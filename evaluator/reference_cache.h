@@ -32,6 +32,7 @@ struct CacheEntry {
   std::string name;        // directory name: "<problem stem>-<key>"
   uint64_t bytes = 0;      // every file under it
   std::time_t last_used = 0;
+  int64_t last_used_ns = 0; // the same, finer: entries made within one second still have an order
   int sets = 0;            // input sets it holds
   bool timed = false;      // holds eager / torch.compile timings
 };

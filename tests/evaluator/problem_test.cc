@@ -3,10 +3,12 @@
 // real python3 + torch (CPU is enough); without one they skip, saying why.
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
+#include "evaluator/reference_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -491,6 +493,104 @@ TEST(DegenerateTest, ConstantOutputIsFlaggedAndAGoodProblemIsNot) {
   EXPECT_TRUE(good->empty()) << good->front();
 }
 
+// ---- The bounded cache ------------------------------------------------------------------
+
+// matmul.py: inputs 64x32 + 32x48 fp32, output 64x48 fp32, no parameters.
+constexpr uint64_t kMatmulSetBytes = (64 * 32 + 32 * 48 + 64 * 48) * 4;
+
+TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  // Room for two entries of two sets (plus manifests), not three.
+  auto opts = [&](uint64_t seed) {
+    ReferenceOptions o = CpuOptions(cache.path(), 2, seed);
+    o.cache_cap = 5 * kMatmulSetBytes;
+    return o;
+  };
+  auto a = PrepareReference(Fixture("matmul.py"), opts(1));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  auto b = PrepareReference(Fixture("matmul.py"), opts(2));
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  auto a_again = PrepareReference(Fixture("matmul.py"), opts(1));  // a is now the most recently used
+  ASSERT_TRUE(a_again.ok()) << a_again.status().message();
+  EXPECT_TRUE(a_again->from_cache);
+  auto c = PrepareReference(Fixture("matmul.py"), opts(3));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->evicted, std::vector<std::string>{fs::path(b->dir).filename().string()});
+  EXPECT_TRUE(fs::exists(a->dir));
+  EXPECT_FALSE(fs::exists(b->dir));
+  auto usage = ReadCacheUsage(cache.path());
+  ASSERT_TRUE(usage.ok()) << usage.status().message();
+  EXPECT_EQ(usage->entries.size(), 2u);
+  EXPECT_LE(usage->entry_bytes, 5 * kMatmulSetBytes);
+  EXPECT_EQ(usage->entries.back().path, c->dir);  // most recently used last
+}
+
+TEST(CacheTest, SetsBeyondTheCapAreNotPreparedAndTheWarningSaysWhy) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 3);
+  o.cache_cap = 2 * kMatmulSetBytes + kMatmulSetBytes / 2;
+  auto r = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->sets.size(), 2u);
+  EXPECT_EQ(r->sets_requested, 3);
+  ASSERT_FALSE(r->warnings.empty());
+  EXPECT_THAT(r->warnings[0], HasSubstr("using 2 of the 3 input sets"));
+  EXPECT_THAT(r->warnings[0], HasSubstr("cap"));
+
+  // Fewer than two sets cannot tell a kernel that ignores its inputs: refused, saying by how much.
+  o.cache_cap = kMatmulSetBytes + kMatmulSetBytes / 2;
+  o.sets = 2;
+  auto small = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(small.status().message(), HasSubstr("matmul.py"));
+  EXPECT_THAT(small.status().message(), HasSubstr("--cache-cap"));
+}
+
+TEST(CacheTest, SetsBeyondTheGpuBudgetAreNotPrepared) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 4);
+  // GpuEvaluator per set: inputs twice (arena, pristine copy) and the outputs once; one more output buffer.
+  const uint64_t in = (64 * 32 + 32 * 48) * 4, out = 64 * 48 * 4;
+  o.device_budget = out + 3 * (2 * in + out);
+  auto r = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->sets.size(), 3u);
+  ASSERT_FALSE(r->warnings.empty());
+  EXPECT_THAT(r->warnings[0], HasSubstr("GPU memory"));
+}
+
+TEST(CacheTest, TemporaryDirectoriesOfKilledRunsAreRemoved) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(dead, &status, 0), dead);
+  const fs::path stale = fs::path(cache.path()) / (".tmp-matmul-" + std::to_string(dead) + "-0");
+  const fs::path live = fs::path(cache.path()) / (".tmp-matmul-" + std::to_string(getpid()) + "-99");
+  fs::create_directories(stale / "set0");
+  fs::create_directories(live);
+  ASSERT_TRUE(WriteFile((stale / "set0" / "x.bin").string(), std::string(4096, 'x')).ok());
+  auto r = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));  // a run in progress (this process) is left alone
+}
+
+TEST(CacheTest, ByteSizesParse) {
+  EXPECT_EQ(*ParseByteSize("20G"), uint64_t{20} << 30);
+  EXPECT_EQ(*ParseByteSize("512M"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("1.5GiB"), uint64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("100 kb"), uint64_t{102400});
+  EXPECT_EQ(*ParseByteSize("1000"), uint64_t{1000});
+  for (const char* bad : {"", "G", "-1G", "12X", "1e30"}) EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
+}
+
 // ---- The real binary ------------------------------------------------------------------------
 
 SubprocessResult RunCli(std::vector<std::string> args) {
@@ -664,6 +764,35 @@ TEST(CliTest, SearchUsesThePythonItIsGiven) {
   EXPECT_THAT(r.err, HasSubstr("/bin/false"));
   EXPECT_THAT(r.err, HasSubstr("torch"));
   std::filesystem::remove(db);
+}
+
+TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ASSERT_TRUE(PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path())).ok());
+  SubprocessResult list = RunCli({"cache", "list", "--cache-dir", cache.path(), "--cache-cap", "1G", "--json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  auto j = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << list.out;
+  EXPECT_EQ(j["cap_bytes"], uint64_t{1} << 30);
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["sets"], 2);
+  EXPECT_GE(j["bytes"].get<uint64_t>(), 2 * kMatmulSetBytes);
+  SubprocessResult table = RunCli({"cache", "list", "--cache-dir", cache.path()});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("matmul-"));
+  EXPECT_THAT(table.out, HasSubstr("1 entry"));
+
+  SubprocessResult clear = RunCli({"cache", "clear", "--cache-dir", cache.path()});
+  ASSERT_EQ(clear.exit_code, 0) << clear.err;
+  EXPECT_THAT(clear.out, HasSubstr("removed 1 entry"));
+  auto after = ReadCacheUsage(cache.path());
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->entries.empty());
+
+  SubprocessResult bad = RunCli({"cache", "list", "--cache-cap", "lots"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--cache-cap"));
 }
 
 }  // namespace
