@@ -675,6 +675,76 @@ def _fits_for_timing(kept_bytes, new_bytes, device):
     return kept_bytes + new_bytes <= 0.3 * free
 
 
+def _state_snapshot(model):
+    """A copy of every parameter and buffer: forward may change buffers
+    (BatchNorm's running statistics in training mode), and every set's reference
+    and the candidate must start from the same state."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _restore_state(model, snapshot):
+    import torch
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(snapshot[k])
+
+
+def _outputs_agree(a, b, problem):
+    """Whether two runs' outputs are the same within the evaluator's tolerance."""
+    import torch
+    for (name, x), (_, y) in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if not x.is_floating_point():
+            if not torch.equal(x, y):
+                return False
+            continue
+        atol, rtol = _tolerance_for(problem, _dtype_name(x))
+        fx, fy = x.reshape(-1), y.reshape(-1)
+        for i in range(0, fx.numel(), CHUNK_ELEMENTS):
+            cx, cy = fx[i:i + CHUNK_ELEMENTS].double(), fy[i:i + CHUNK_ELEMENTS].double()
+            if not torch.allclose(cx, cy, atol=atol, rtol=rtol, equal_nan=True):
+                return False
+    return True
+
+
+def check_deterministic(problem, model, snapshot, set_seed, device, first):
+    """Refuses a problem whose reference differs between two runs of the same
+    input set: no kernel can be judged against it.
+
+    The second run starts from the same parameters and buffers with a
+    different random seed; when a third run with the first run's seed agrees
+    again, forward draws random numbers (Dropout in training mode,
+    torch.rand inside forward), and the message says so.
+    """
+    def run(rng_seed):
+        _restore_state(model, snapshot)
+        inputs = problem.inputs(set_seed, device)
+        _seed_everything(rng_seed)
+        return problem.forward(model, inputs)
+
+    second = run(set_seed + 7919)
+    if _outputs_agree(first, second, problem):
+        return
+    third = run(set_seed + 1000003)
+    del second
+    same_seed_agrees = _outputs_agree(third, run(set_seed + 1000003), problem)
+    if same_seed_agrees:
+        import torch
+        dropouts = [n or type(m).__name__ for n, m in model.named_modules()
+                    if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+        if dropouts:
+            cause = "Dropout in training mode (%s) zeroes different elements on every run" % ", ".join(dropouts)
+        else:
+            cause = "forward draws random numbers (torch.rand, randn, dropout or bernoulli inside forward)"
+    else:
+        cause = "forward gives different results even with the same random seed (a non-deterministic op or state " \
+                "kept between calls)"
+    raise problem.fail("nondeterministic", "the reference is not deterministic: two runs on the same input set "
+                       "differ beyond the tolerance; %s. No kernel can be judged against it: make forward "
+                       "deterministic (e.g. model.eval(), or draw the randomness in get_inputs())" % cause)
+
+
 def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     """Builds the model, runs K input sets, writes them when out_dir is given.
 
@@ -686,6 +756,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     device = resolve_device(problem, device_name)
     model = problem.build_model(seed, device)
     params = parameter_specs(problem, model)
+    snapshot = _state_snapshot(model)  # the state before any forward: given to the candidate, restored per set
 
     files_params = {}
     if out_dir is not None:
@@ -729,7 +800,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
                 files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
         input_hashes.append(hashes)
 
+        _restore_state(model, snapshot)
+        _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
         outputs = problem.forward(model, inputs)
+        if i == 0:
+            check_deterministic(problem, model, snapshot, set_seed, device, outputs)
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -771,6 +846,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     timing = {"eager": None, "compiled": None}
     if do_time and device.type == "cuda":
         import timing as ks_timing
+        _restore_state(model, snapshot)
         eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device)
         timing = {"eager": eager, "compiled": compiled}
         for w in timing_warnings:

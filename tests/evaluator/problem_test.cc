@@ -591,6 +591,102 @@ TEST(CacheTest, ByteSizesParse) {
   for (const char* bad : {"", "G", "-1G", "12X", "1e30"}) EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
 }
 
+// ---- KernelBench constructs ---------------------------------------------------------------
+
+template <typename T>
+std::vector<T> ReadAs(const ReferenceData& d, int set, const std::string& name) {
+  auto path = d.FilePath(set, name);
+  KS_CHECK(path.ok());
+  auto bytes = ReadTensorFile(*path, *d.signature.Find(name));
+  KS_CHECK(bytes.ok());
+  std::vector<T> v(bytes->size() / sizeof(T));
+  std::memcpy(v.data(), bytes->data(), bytes->size());
+  return v;
+}
+
+TEST(ConstructsTest, BoolIntegerZeroDimAndTupleOutputsAreReferencedExactly) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto r = PrepareReference(Fixture("mixed_kinds.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Signature& sig = r->signature;
+  ASSERT_EQ(sig.inputs.size(), 3u);
+  EXPECT_EQ(sig.inputs[1].dtype, DType::kBool);
+  EXPECT_EQ(sig.inputs[2].dtype, DType::kInt32);
+  ASSERT_EQ(sig.outputs.size(), 3u);
+  EXPECT_EQ(sig.outputs[0].dtype, DType::kInt64);
+  EXPECT_EQ(sig.outputs[1].dtype, DType::kFloat32);
+  EXPECT_TRUE(sig.outputs[1].shape.empty());
+  EXPECT_EQ(sig.outputs[1].bytes(), 4);
+  for (int set = 0; set < 2; ++set) {
+    auto x = ReadAs<float>(*r, set, "x");
+    auto mask = ReadAs<uint8_t>(*r, set, "mask");
+    auto labels = ReadAs<int32_t>(*r, set, "labels");
+    auto argmax = ReadAs<int64_t>(*r, set, "out0");
+    auto loss = ReadAs<float>(*r, set, "out1");
+    auto twice = ReadAs<int32_t>(*r, set, "out2");
+    double sum = 0;
+    for (int i = 0; i < 16; ++i) {
+      int best = 0;
+      float best_v = -INFINITY;
+      for (int j = 0; j < 10; ++j) {
+        float y = (mask[i * 10 + j] ? 0.f : x[i * 10 + j]) + float(labels[i]);
+        sum += std::max(0.0, 1.0 - y * 0.1);
+        if (y > best_v) best_v = y, best = j;
+      }
+      EXPECT_EQ(argmax[i], best) << "set " << set << " row " << i;
+      EXPECT_EQ(twice[i], 2 * labels[i]);
+    }
+    EXPECT_NEAR(loss[0], sum / 160, 1e-5);
+  }
+}
+
+// BatchNorm in training mode updates its running statistics, and this module
+// also counts its calls in a buffer that scales the output: without the
+// pre-forward state restored, set 1 would be scaled by 2 (or 3, after the
+// determinism check) and the candidate would get post-forward buffers.
+TEST(ConstructsTest, EverySetAndTheCandidateStartFromThePreForwardState) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto r = PrepareReference(Fixture("stateful_buffer.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(ReadAs<float>(*r, 0, "calls"), std::vector<float>{0.f});
+  EXPECT_EQ(ReadAs<float>(*r, 0, "bn.running_mean"), std::vector<float>(6, 0.f));
+  EXPECT_EQ(ReadAs<float>(*r, 0, "bn.running_var"), std::vector<float>(6, 1.f));
+  EXPECT_EQ(ReadAs<int64_t>(*r, 0, "bn.num_batches_tracked"), std::vector<int64_t>{0});
+  for (int set = 0; set < 2; ++set) {
+    auto x = ReadAs<float>(*r, set, "x");
+    auto out = ReadAs<float>(*r, set, "out");
+    for (int c = 0; c < 6; ++c) {  // training-mode BatchNorm: batch mean, biased variance; weight 1, bias 0
+      double mean = 0, var = 0;
+      for (int n = 0; n < 5; ++n) mean += x[n * 6 + c] / 5.0;
+      for (int n = 0; n < 5; ++n) var += (x[n * 6 + c] - mean) * (x[n * 6 + c] - mean) / 5.0;
+      for (int n = 0; n < 5; ++n)
+        EXPECT_NEAR(out[n * 6 + c], (x[n * 6 + c] - mean) / std::sqrt(var + 1e-5) * 1.0, 1e-4)
+            << "set " << set << " (a scale of 2 or more means the buffer kept the previous forward's count)";
+    }
+  }
+}
+
+TEST(ConstructsTest, NondeterministicReferencesAreRefusedNamingTheCause) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto dropout = PrepareReference(Fixture("nondet_dropout.py"), CpuOptions(cache.path()));
+  ASSERT_FALSE(dropout.ok());
+  EXPECT_EQ(dropout.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(dropout.status().message(), HasSubstr("nondet_dropout.py"));
+  EXPECT_THAT(dropout.status().message(), HasSubstr("not deterministic"));
+  EXPECT_THAT(dropout.status().message(), HasSubstr("Dropout in training mode (drop)"));
+  auto rand = CheckProblem(Fixture("nondet_rand.py"), {}, "cpu");
+  ASSERT_FALSE(rand.ok());
+  EXPECT_THAT(rand.status().message(), HasSubstr("forward draws random numbers"));
+  // A refused problem leaves nothing in the cache.
+  auto usage = ReadCacheUsage(cache.path());
+  ASSERT_TRUE(usage.ok());
+  EXPECT_TRUE(usage->entries.empty());
+  EXPECT_EQ(usage->temp_dirs, 0);
+}
+
 // ---- The real binary ------------------------------------------------------------------------
 
 SubprocessResult RunCli(std::vector<std::string> args) {
