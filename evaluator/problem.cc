@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -222,6 +223,10 @@ void AddKeyField(std::string& key, const std::string& name, const std::string& v
   key += name + ":" + std::to_string(value.size()) + ":" + value + "\n";
 }
 
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // How many input sets a reference may have, and the disk it will take.
 struct SetFit {
   int sets = 0;
@@ -369,6 +374,10 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
   if (j.contains("warnings") && j["warnings"].is_array())
     for (const auto& w : j["warnings"])
       if (w.is_string()) d.warnings.push_back(w.get<std::string>());
+  if (j.contains("phases") && j["phases"].is_array())
+    for (const auto& ph : j["phases"])
+      if (ph.is_array() && ph.size() == 2 && ph[0].is_string() && ph[1].is_number())
+        d.phases.emplace_back("bridge: " + ph[0].get<std::string>(), ph[1].get<double>());
   if (j.contains("scalars") && j["scalars"].is_object())
     for (const auto& [k, v] : j["scalars"].items())
       if (v.is_number()) d.scalars[k] = v.get<double>();
@@ -403,6 +412,7 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
 }
 
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts) {
+  const auto started = std::chrono::steady_clock::now();
   if (opts.sets < 1) return InvalidArgument("the number of input sets must be at least 1");
   if (opts.device != "auto" && opts.device != "cuda" && opts.device != "cpu")
     return InvalidArgument("device must be auto, cuda or cpu, not '" + opts.device + "'");
@@ -452,6 +462,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
       auto d = LoadReferenceDir(dir.string());
       if (d.ok()) {
         d->from_cache = true;
+        d->phases = {{"cache lookup", Since(started)}};
         TouchCacheEntry(dir.string());
         return adopt(std::move(d).value());
       }
@@ -471,7 +482,9 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   if (cap == 0) {
     KS_ASSIGN_OR_RETURN(cap, DefaultCacheCap());
   }
+  auto mark = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(Signature sig, LoadProblemSignature(file, opts.bridge));
+  const double signature_s = Since(mark);
   KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(cache.string()));
   KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(cache.string()));
   const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
@@ -489,7 +502,9 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   std::vector<std::string> args = {"reference", file, "--out", tmp.string(), "--sets", std::to_string(fit.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
   if (opts.time) args.push_back("--time");
+  mark = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(json manifest, RunBridge(file, args, opts.bridge));
+  const double bridge_s = Since(mark);
   (void)manifest;  // read back from disk below, the same way a cache hit is
 
   if (opts.refresh) fs::remove_all(final_dir, ec);
@@ -504,6 +519,8 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   KS_ASSIGN_OR_RETURN(ReferenceData d, LoadReferenceDir(final_dir.string()));
   d.warnings.insert(d.warnings.begin(), warnings.begin(), warnings.end());
   d.evicted = std::move(evicted);
+  d.phases.insert(d.phases.begin(), {{"signature for the sizes (python, shape inference)", signature_s},
+                                     {"bridge process (all of the bridge: phases below)", bridge_s}});
   return adopt(std::move(d));
 }
 

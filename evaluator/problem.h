@@ -104,6 +104,11 @@ struct ReferenceData {
   bool from_cache = false;               // true when an existing entry was reused
   int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)
   std::vector<std::string> evicted;      // cache entries removed to make room for this one
+  // Wall seconds per phase of preparing it, in order: this process's
+  // ("signature", "bridge process") and the bridge's own (model build, input
+  // generation, forward, writing files, eager and torch.compile timing). Empty
+  // phases of the bridge on a cache hit: only "cache lookup".
+  std::vector<std::pair<std::string, double>> phases;
 
   // Absolute path of tensor `name` in input set `set`.
   StatusOr<std::string> FilePath(int set, const std::string& name) const;

@@ -753,10 +753,23 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     import torch
     if sets < 1:
         raise BridgeError("bad_arguments", "--sets must be at least 1")
+    import time
+    phases = {}
+    clock = [time.monotonic()]
+
+    def phase(name):
+        """Adds the wall time since the previous mark to `name`: --verbose shows what dominates."""
+        now = time.monotonic()
+        phases[name] = phases.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
     device = resolve_device(problem, device_name)
     model = problem.build_model(seed, device)
     params = parameter_specs(problem, model)
-    snapshot = _state_snapshot(model)  # the state before any forward: given to the candidate, restored per set
+    snapshot = _state_snapshot(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    phase("model build")  # the state before any forward: given to the candidate, restored per set
 
     files_params = {}
     if out_dir is not None:
@@ -776,7 +789,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     timing_sets, kept_bytes = [], 0
     for i in range(sets):
         set_seed = seed + 1 + i
+        phase("writing files")  # the parameters, before the first set
         inputs = problem.inputs(set_seed, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        phase("input generation")
         specs = input_specs(problem, model, inputs)
         if sig_inputs is None:
             sig_inputs = specs
@@ -799,12 +816,15 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
             if path:
                 files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
         input_hashes.append(hashes)
+        phase("writing files")
 
         _restore_state(model, snapshot)
         _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
         outputs = problem.forward(model, inputs)
+        phase("forward")
         if i == 0:
             check_deterministic(problem, model, snapshot, set_seed, device, outputs)
+            phase("determinism check")
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -821,6 +841,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
             if path:
                 files[name] = "set%d/%s.bin" % (i, name)
         output_hashes.append(ohashes)
+        phase("writing files")  # with the degenerate-output statistics
         del outputs
         manifest_sets.append({"seed": set_seed, "files": files})
 
@@ -847,7 +868,9 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     if do_time and device.type == "cuda":
         import timing as ks_timing
         _restore_state(model, snapshot)
-        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device)
+        phase("writing files")
+        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        clock[0] = time.monotonic()
         timing = {"eager": eager, "compiled": compiled}
         for w in timing_warnings:
             warnings.add_plain(w)
@@ -861,6 +884,8 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         "timing": timing,
         "warnings": warnings.messages(sets),
         "scalars": scalars,
+        # Wall seconds per phase of this bridge run, in order (not part of any result).
+        "phases": [[k, round(v, 3)] for k, v in phases.items()],
     }
     return manifest
 

@@ -582,6 +582,26 @@ TEST(CacheTest, TemporaryDirectoriesOfKilledRunsAreRemoved) {
   EXPECT_TRUE(fs::exists(live));  // a run in progress (this process) is left alone
 }
 
+TEST(CacheTest, PhasesSayWhereThePreparationWentAndACacheHitSaysSo) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  std::vector<std::string> names;
+  for (const auto& [name, s] : first->phases) {
+    names.push_back(name);
+    EXPECT_GE(s, 0.0) << name;
+  }
+  for (const char* want : {"bridge: model build", "bridge: input generation", "bridge: forward",
+                           "bridge: determinism check", "bridge: writing files"})
+    EXPECT_THAT(names, ::testing::Contains(want));
+  EXPECT_THAT(names[0], HasSubstr("signature"));
+  auto hit = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(hit.ok()) << hit.status().message();
+  ASSERT_EQ(hit->phases.size(), 1u);
+  EXPECT_EQ(hit->phases[0].first, "cache lookup");
+}
+
 TEST(CacheTest, ByteSizesParse) {
   EXPECT_EQ(*ParseByteSize("20G"), uint64_t{20} << 30);
   EXPECT_EQ(*ParseByteSize("512M"), uint64_t{512} << 20);
