@@ -28,6 +28,17 @@ using Action = std::function<int()>;
 // Registers `sub` so that its action runs when it was chosen on the command line.
 void SetAction(CLI::App* sub, Action action);
 
+// --cache-dir and --cache-cap: where the reference cache lives and how much it
+// may hold (evaluator/reference_cache.h). Empty = $KS_CACHE_DIR / $KS_CACHE_CAP
+// or the defaults.
+struct CacheFlags {
+  std::string dir;
+  std::string cap;
+};
+void AddCacheOptions(CLI::App* sub, CacheFlags* flags);
+// The directory and the cap in bytes that `flags` select; a bad size is InvalidArgument.
+StatusOr<std::pair<std::string, uint64_t>> ResolveCacheFlags(const CacheFlags& flags);
+
 // The --python option, the same on every command that runs the reference bridge.
 void AddPythonOption(CLI::App* sub, std::string* python);
 
@@ -39,6 +50,7 @@ std::string DataDir();
 void RegisterProblemCommands(CLI::App& app);
 void RegisterCompileCommand(CLI::App& app);
 void RegisterEvalCommand(CLI::App& app);
+void RegisterCacheCommands(CLI::App& app);  // cache list, cache clear
 void RegisterLlmCommands(CLI::App& app);
 void RegisterSearchCommands(CLI::App& app);  // search, evaluate-pending
 void RegisterBrowseCommands(CLI::App& app);  // history, best, show, lineage, export

@@ -1,6 +1,8 @@
 // kernelsearch eval PROBLEM CANDIDATE|DIR [--plan P] [--json]
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -20,7 +22,13 @@ struct EvalArgs {
   bool json = false;
   bool keep_privileges = false;
   double run_timeout_s = 0;
+  CacheFlags cache;
+  bool verbose = false;
 };
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 // Candidates of a directory: every .md, and every .cu with a .json beside it.
 std::vector<std::string> CandidateFiles(const std::string& dir) {
@@ -64,6 +72,11 @@ int Run(const EvalArgs& a) {
   ro.sets = a.sets;
   ro.device = "cuda";
   ro.time = true;
+  auto cache = ResolveCacheFlags(a.cache);
+  if (!cache.ok()) return ReportError(cache.status());
+  std::tie(ro.cache_dir, ro.cache_cap) = *cache;
+  // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
+  if (auto free_mem = FreeDeviceMemory(0); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
   if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", a.problem.c_str());
   auto ref = PrepareReference(a.problem, ro);
   if (!ref.ok()) return ReportError(ref.status());
@@ -72,8 +85,17 @@ int Run(const EvalArgs& a) {
   go.drop_privileges = !a.keep_privileges;
   go.run_timeout_s = a.run_timeout_s;
   go.python = a.python;
+  const auto setup_start = std::chrono::steady_clock::now();
   auto ev = GpuEvaluator::Create(*ref, go);
   if (!ev.ok()) return ReportError(ev.status());
+  if (a.verbose) {
+    // What the first evaluation of a problem spends its time on, for finding what dominates.
+    std::fprintf(stderr, "phases (wall seconds)%s:\n", ref->from_cache ? ", reference from the cache" : "");
+    for (const auto& [name, s] : ref->phases) std::fprintf(stderr, "  %-52s %8.3f\n", name.c_str(), s);
+    std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)",
+                 SecondsSince(setup_start));
+    for (const auto& e : ref->evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
+  }
   if (ref->signature.flops.value_or(0) > 0) {
     if (auto peaks = (*ev)->Peaks(); !peaks.ok())
       std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
@@ -83,8 +105,11 @@ int Run(const EvalArgs& a) {
   std::vector<size_t> index;
   for (size_t i = 0; i < cands.size(); ++i)
     if (load_errors[i].empty()) to_eval.push_back(cands[i]), index.push_back(i);
+  const auto eval_start = std::chrono::steady_clock::now();
   auto results = (*ev)->EvaluateBatch(to_eval);
   if (!results.ok()) return ReportError(results.status());
+  if (a.verbose)
+    std::fprintf(stderr, "  %-52s %8.3f\n", "candidates (compile, runs, checks, timing)", SecondsSince(eval_start));
   std::vector<std::optional<Evaluation>> by_file(files.size());
   for (size_t k = 0; k < index.size(); ++k) by_file[index[k]] = (*results)[k];
   bool all_correct = true;
@@ -132,8 +157,12 @@ void RegisterEvalCommand(CLI::App& app) {
   sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")
       ->capture_default_str();
   AddPythonOption(sub, &a->python);
+  AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");
   sub->add_flag("--json", a->json, "Print JSON (one line per candidate for a directory)");
+  sub->add_flag("--verbose,-v", a->verbose,
+                "Print on stderr where the time went: the reference's phases (signature, model build, input "
+                "generation, forward, writing, eager and torch.compile timing) and the evaluator's setup");
   sub->footer("Exit status: 0 all correct, 1 some candidate not correct, 2 bad input, 3 no GPU / no torch.");
   SetAction(sub, [a] { return Run(*a); });
 }

@@ -6,6 +6,8 @@
 #include <map>
 
 #include "cli/cli.h"
+#include "evaluator/problem.h"
+#include "evaluator/reference_cache.h"
 
 namespace ks::cli {
 namespace {
@@ -21,6 +23,27 @@ void AddPythonOption(CLI::App* sub, std::string* python) {
   sub->add_option("--python", *python,
                   "python3 with torch for the reference bridge (default: $KS_PYTHON, else the first of python3 and "
                   "/usr/bin/python3 that imports torch)");
+}
+
+void AddCacheOptions(CLI::App* sub, CacheFlags* flags) {
+  sub->add_option("--cache-dir", flags->dir,
+                  "reference cache directory (default: $KS_CACHE_DIR, else ~/.cache/kernelsearch/reference)");
+  sub->add_option("--cache-cap", flags->cap,
+                  "most the reference cache may hold on disk, e.g. 20G; least recently used entries are evicted "
+                  "(default: $KS_CACHE_CAP, else 20G)");
+}
+
+StatusOr<std::pair<std::string, uint64_t>> ResolveCacheFlags(const CacheFlags& flags) {
+  std::string dir = flags.dir.empty() ? DefaultReferenceCacheDir() : flags.dir;
+  uint64_t cap = 0;
+  if (!flags.cap.empty()) {
+    auto v = ParseByteSize(flags.cap);
+    if (!v.ok()) return InvalidArgument("--cache-cap: " + v.status().message());
+    cap = *v;
+  } else {
+    KS_ASSIGN_OR_RETURN(cap, DefaultCacheCap());
+  }
+  return std::make_pair(dir, cap);
 }
 
 int ReportError(const Status& s) {
@@ -65,6 +88,7 @@ int main(int argc, char** argv) {
   RegisterProblemCommands(app);
   RegisterCompileCommand(app);
   RegisterEvalCommand(app);
+  RegisterCacheCommands(app);
   RegisterLlmCommands(app);
   RegisterSearchCommands(app);
   RegisterBrowseCommands(app);

@@ -201,6 +201,14 @@ StatusOr<PrimaryContext> PrimaryContext::Open(int ordinal) {
   return p;
 }
 
+StatusOr<uint64_t> FreeDeviceMemory(int device_ordinal) {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  KS_ASSIGN_OR_RETURN(PrimaryContext ctx, PrimaryContext::Open(device_ordinal));
+  size_t free_bytes = 0, total = 0;
+  KS_RETURN_IF_ERROR(d->Check(d->cuMemGetInfo(&free_bytes, &total), "cuMemGetInfo"));
+  return static_cast<uint64_t>(free_bytes);
+}
+
 Status PrimaryContext::MakeCurrent() const {
   KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
   return d->Check(d->cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");

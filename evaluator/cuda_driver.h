@@ -28,6 +28,10 @@ struct CudaDriver {
 
 // Is there a usable GPU? Never fails; for tests that skip and for arch detection.
 bool GpuAvailable(std::string* why = nullptr);
+
+// Device memory free now on GPU `device_ordinal` (cuMemGetInfo in its primary
+// context): what a new evaluator may still allocate.
+StatusOr<uint64_t> FreeDeviceMemory(int device_ordinal);
 // "sm_90" for device 0, when a GPU is present.
 StatusOr<std::string> DetectArch();
 

@@ -1,8 +1,10 @@
 #include "evaluator/problem.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -18,6 +20,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
+#include "evaluator/reference_cache.h"
 
 namespace ks {
 namespace fs = std::filesystem;
@@ -121,19 +124,62 @@ Probe CachedProbe(const std::string& python) {
 // input (InvalidArgument); a missing torch or GPU is the environment.
 Code CodeForKind(const std::string& kind) {
   if (kind == "no_torch" || kind == "device_error") return Code::kFailedPrecondition;
-  if (kind == "out_of_memory") return Code::kResourceExhausted;
+  if (kind == "out_of_memory" || kind == "disk_full") return Code::kResourceExhausted;
   if (kind == "internal") return Code::kInternal;
   return Code::kInvalidArgument;
 }
 
+// Whether `python` has torch installed, found without importing it (importing
+// torch costs a second or more; the bridge imports it anyway and says clearly
+// when it cannot). Cached per interpreter.
+bool HasTorchInstalled(const std::string& python) {
+  static std::mutex mu;
+  static std::map<std::string, bool> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(python); it != cache.end()) return it->second;
+  }
+  SubprocessOptions o;
+  o.argv = {python, "-c", "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)"};
+  o.timeout_s = 60;
+  o.env = PythonEnv();
+  auto r = RunSubprocess(o);
+  bool has = r.ok() && r->Succeeded();
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(python, has).first->second;
+}
+
+// The interpreter that runs the bridge, in ResolvePython's order, without the
+// full probe (which imports torch): the first whose torch can be found. A signature then costs one torch import, not two.
+StatusOr<std::string> BridgeInterpreter(const std::string& explicit_python) {
+  std::string chosen = !explicit_python.empty() ? explicit_python : Env("KS_PYTHON");
+  if (!chosen.empty()) {
+    if (HasTorchInstalled(chosen)) return chosen;
+    // Not a python, or one without torch: the full probe says which and why.
+    KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(explicit_python));
+    return py.python;
+  }
+  std::vector<std::string> candidates;
+  if (auto p = FindOnPath("python3")) candidates.push_back(*p);
+  if (candidates.empty() || candidates[0] != "/usr/bin/python3") candidates.push_back("/usr/bin/python3");
+  for (const auto& c : candidates)
+    if (HasTorchInstalled(c)) return c;
+  // None has torch: the full probe's message lists every interpreter and why.
+  KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(""));
+  return py.python;
+}
+
 StatusOr<json> RunBridge(const std::string& file, std::vector<std::string> args, const BridgeOptions& opts) {
-  KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(opts.python));
+  KS_ASSIGN_OR_RETURN(std::string python, BridgeInterpreter(opts.python));
   KS_ASSIGN_OR_RETURN(std::string bridge, FindDataFile("reference/bridge.py"));
   SubprocessOptions o;
-  o.argv = {py.python, bridge};
+  o.argv = {python, bridge};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.timeout_s = opts.timeout_s;
   o.env = PythonEnv();
+  // A bridge whose caller was killed would go on writing gigabytes into a
+  // temporary directory nobody will rename: it dies with its parent.
+  o.in_child = [] { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 ? 0 : 126; };
   KS_ASSIGN_OR_RETURN(SubprocessResult r, RunSubprocess(o));
   if (r.timed_out)
     return DeadlineExceeded(file + ": the reference bridge timed out after " + std::to_string(int(opts.timeout_s)) +
@@ -175,6 +221,48 @@ class ScopedDirRemover {
 // Length-prefixed fields, so that no two different field lists hash alike.
 void AddKeyField(std::string& key, const std::string& name, const std::string& value) {
   key += name + ":" + std::to_string(value.size()) + ":" + value + "\n";
+}
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// How many input sets a reference may have, and the disk it will take.
+struct SetFit {
+  int sets = 0;
+  uint64_t disk_bytes = 0;  // for `sets` sets
+  std::string why;          // when sets < asked: the limit that bound it, with figures
+};
+
+// Disk: parameters once, inputs and outputs per set. Device (GpuEvaluator's
+// layout): the arena (every set's inputs, parameters, outputs) and the pristine
+// copy (inputs and parameters again), plus one reference copy of the outputs per set.
+SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget) {
+  uint64_t in = 0, params = 0, out = 0;
+  for (const auto& t : sig.inputs) if (!t.is_scalar) in += t.bytes();
+  for (const auto& t : sig.parameters) if (!t.is_scalar) params += t.bytes();
+  for (const auto& t : sig.outputs) if (!t.is_scalar) out += t.bytes();
+  auto disk = [&](int k) { return params + uint64_t(k) * (in + out); };
+  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out); };
+  const uint64_t disk_limit = std::min(cap, disk_available);
+  SetFit f;
+  for (int k = asked; k >= 1; --k) {
+    bool disk_ok = disk(k) <= disk_limit, device_ok = device_budget == 0 || device(k) <= device_budget;
+    if (disk_ok && device_ok) { f.sets = k; break; }
+  }
+  f.disk_bytes = disk(std::max(f.sets, 1));
+  if (f.sets < asked) {
+    const int k = std::max(f.sets + 1, 1);  // the first count that did not fit
+    if (disk(k) > disk_limit)
+      f.why = std::to_string(k) + " set(s) need " + HumanBytes(disk(k)) + " on disk (" + HumanBytes(in + out) +
+              " per set), but the cache " + (cap <= disk_available ? "cap is " + HumanBytes(cap) + " (--cache-cap, $KS_CACHE_CAP)"
+                                                                   : "may use only " + HumanBytes(disk_available) + " (free disk plus its own entries)");
+    else
+      f.why = std::to_string(k) + " set(s) need " + HumanBytes(device(k)) + " of GPU memory (" +
+              HumanBytes(2 * in + out) + " per set: inputs, their pristine copy, reference outputs), but " +
+              HumanBytes(device_budget) + " is free";
+  }
+  return f;
 }
 
 }  // namespace
@@ -289,6 +377,10 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
   if (j.contains("warnings") && j["warnings"].is_array())
     for (const auto& w : j["warnings"])
       if (w.is_string()) d.warnings.push_back(w.get<std::string>());
+  if (j.contains("phases") && j["phases"].is_array())
+    for (const auto& ph : j["phases"])
+      if (ph.is_array() && ph.size() == 2 && ph[0].is_string() && ph[1].is_number())
+        d.phases.emplace_back("bridge: " + ph[0].get<std::string>(), ph[1].get<double>());
   if (j.contains("scalars") && j["scalars"].is_object())
     for (const auto& [k, v] : j["scalars"].items())
       if (v.is_number()) d.scalars[k] = v.get<double>();
@@ -323,6 +415,7 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
 }
 
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts) {
+  const auto started = std::chrono::steady_clock::now();
   if (opts.sets < 1) return InvalidArgument("the number of input sets must be at least 1");
   if (opts.device != "auto" && opts.device != "cuda" && opts.device != "cpu")
     return InvalidArgument("device must be auto, cuda or cpu, not '" + opts.device + "'");
@@ -360,6 +453,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   // Entries come from the cache with the file path of whoever made them; report this caller's.
   auto adopt = [&](ReferenceData d) {
     d.signature.file = file;
+    d.sets_requested = opts.sets;
     return d;
   };
   std::error_code ec;
@@ -371,6 +465,8 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
       auto d = LoadReferenceDir(dir.string());
       if (d.ok()) {
         d->from_cache = true;
+        d->phases = {{"cache lookup", Since(started)}};
+        TouchCacheEntry(dir.string());
         return adopt(std::move(d).value());
       }
       // A damaged entry (truncated file, edited manifest) is recomputed, not trusted.
@@ -383,13 +479,35 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
 
   fs::create_directories(cache, ec);
   if (ec) return PosixError(cache.string(), ec.value());
+
+  // How many sets fit, from the sizes alone (shape inference: seconds, nothing computed).
+  uint64_t cap = opts.cache_cap;
+  if (cap == 0) {
+    KS_ASSIGN_OR_RETURN(cap, DefaultCacheCap());
+  }
+  auto mark = std::chrono::steady_clock::now();
+  KS_ASSIGN_OR_RETURN(Signature sig, LoadProblemSignature(file, opts.bridge));
+  const double signature_s = Since(mark);
+  KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(cache.string()));
+  KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(cache.string()));
+  const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
+  if (fit.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + fit.why);
+  std::vector<std::string> warnings;
+  if (fit.sets < opts.sets)
+    warnings.push_back("using " + std::to_string(fit.sets) + " of the " + std::to_string(opts.sets) +
+                       " input sets asked for: " + fit.why);
+  std::vector<std::string> evicted;
+  KS_RETURN_IF_ERROR(MakeRoom(cache.string(), fit.disk_bytes, cap, "", &evicted).WithContext(file));
+
   static std::atomic<uint64_t> counter{0};
   const fs::path tmp = cache / (".tmp-" + stem + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
   ScopedDirRemover remove_tmp(tmp);
-  std::vector<std::string> args = {"reference", file, "--out", tmp.string(), "--sets", std::to_string(opts.sets),
+  std::vector<std::string> args = {"reference", file, "--out", tmp.string(), "--sets", std::to_string(fit.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
   if (opts.time) args.push_back("--time");
+  mark = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(json manifest, RunBridge(file, args, opts.bridge));
+  const double bridge_s = Since(mark);
   (void)manifest;  // read back from disk below, the same way a cache hit is
 
   if (opts.refresh) fs::remove_all(final_dir, ec);
@@ -402,6 +520,10 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     remove_tmp.Release();
   }
   KS_ASSIGN_OR_RETURN(ReferenceData d, LoadReferenceDir(final_dir.string()));
+  d.warnings.insert(d.warnings.begin(), warnings.begin(), warnings.end());
+  d.evicted = std::move(evicted);
+  d.phases.insert(d.phases.begin(), {{"signature for the sizes (python, shape inference)", signature_s},
+                                     {"bridge process (all of the bridge: phases below)", bridge_s}});
   return adopt(std::move(d));
 }
 

@@ -77,7 +77,12 @@ struct ReferenceOptions {
   std::string device = "auto";  // "auto" (cuda when torch sees one), "cuda" or "cpu"
   bool time = false;            // also time eager and torch.compile (CUDA only)
   std::string cache_dir;        // "" = DefaultReferenceCacheDir()
+  uint64_t cache_cap = 0;       // bytes the cache may hold; 0 = DefaultCacheCap() ($KS_CACHE_CAP or 20 GiB)
   bool refresh = false;         // recompute even when a complete entry exists
+  // Device memory the evaluator may fill with the input sets, their pristine
+  // copies and the reference outputs (the caller measures it; 0 = no limit).
+  // With the cache cap, it bounds the sets actually prepared (at least 2).
+  uint64_t device_budget = 0;
 };
 
 // One input set: every tensor's name (inputs, parameters, outputs) -> absolute
@@ -100,6 +105,13 @@ struct ReferenceData {
   std::vector<std::string> warnings;     // degenerate outputs, timing problems
   std::map<std::string, double> scalars; // scalar inputs by name
   bool from_cache = false;               // true when an existing entry was reused
+  int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)
+  std::vector<std::string> evicted;      // cache entries removed to make room for this one
+  // Wall seconds per phase of preparing it, in order: this process's
+  // ("signature", "bridge process") and the bridge's own (model build, input
+  // generation, forward, writing files, eager and torch.compile timing). Empty
+  // phases of the bridge on a cache hit: only "cache lookup".
+  std::vector<std::pair<std::string, double>> phases;
 
   // Absolute path of tensor `name` in input set `set`.
   StatusOr<std::string> FilePath(int set, const std::string& name) const;
@@ -113,6 +125,12 @@ std::string DefaultReferenceCacheDir();
 // version): reused from the cache when a complete entry exists, otherwise
 // computed by the bridge into a temporary directory that is renamed into place.
 // An untimed request also reuses a timed entry.
+// Bounded (evaluator/reference_cache.h): before computing, the sizes are read
+// from the signature (shape inference, nothing computed); when K sets do not
+// fit the cache cap, the free disk or opts.device_budget, as many as fit are
+// prepared (a warning says so), and fewer than 2 is ResourceExhausted saying
+// which limit and by how much; least recently used entries are evicted to
+// make room, and temporary directories of killed runs are removed.
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts = {});
 
 // Reads a reference directory's manifest.json and checks that every file it

@@ -54,6 +54,8 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     ro.bridge.python = options.python;
     ro.device = "cuda";
     ro.time = true;
+    // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
+    if (auto free_mem = FreeDeviceMemory(options.device); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
     KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem_file, ro));
     GpuEvaluatorOptions go;
     go.device = options.device;

@@ -25,6 +25,7 @@ with status 2. Runs on torch 1.13 (CPU) and torch 2.x (GPU).
 """
 
 import argparse
+import errno
 import hashlib
 import inspect
 import json
@@ -235,7 +236,8 @@ class Problem:
         import torch
         _seed_everything(seed)
         try:
-            values = self.module.get_inputs()
+            with _creating_on(device):
+                values = self.module.get_inputs()
         except Exception as e:  # noqa: BLE001
             raise self.error("get_inputs_error", "get_inputs()", e)
         if not isinstance(values, (list, tuple)):
@@ -303,6 +305,19 @@ class Problem:
                                 % (count, len(names), ", ".join(names)))
             names += ["%s%d" % (var, i) for i in range(count - len(names))]
         return names[:count]
+
+
+def _creating_on(device):
+    """Where get_inputs() creates its tensors: on a GPU with torch >= 2, on the
+    GPU itself (torch.device as a context manager), so that gigabytes of
+    torch.rand are drawn there in milliseconds instead of on the CPU in tens of
+    seconds and then copied. Elsewhere (CPU, torch 1.13): where the problem puts
+    them, moved afterwards."""
+    import contextlib
+    import torch
+    if device is not None and device.type == "cuda" and hasattr(torch.device, "__enter__"):
+        return device
+    return contextlib.nullcontext()
 
 
 def _as_list(x):
@@ -408,26 +423,122 @@ def resolve_device(problem, requested):
 
 # -- signature -----------------------------------------------------------------------
 
+# torch functions that create a tensor and take `device=`: while shapes are
+# inferred they are sent to the "meta" device, so building the model and calling
+# get_inputs() allocate nothing. (`torch.device` as a context manager does this
+# on torch >= 2; a TorchFunctionMode does it on 1.13 as well.)
+_FACTORIES = frozenset((
+    "rand", "randn", "randint", "randperm", "empty", "empty_strided", "zeros", "ones", "full", "arange",
+    "linspace", "logspace", "eye", "tensor", "as_tensor", "scalar_tensor", "normal", "bernoulli",
+    "rand_like", "randn_like", "randint_like", "zeros_like", "ones_like", "empty_like", "full_like",
+))
 
-def _signature_on_meta(problem, seed):
-    """Shapes and dtypes without computing anything, on torch >= 2 ("meta" device).
 
-    Returns None when meta does not work for this problem (torch 1.13 has no
-    device context manager; ops with data-dependent shapes, .item(), or
-    explicitly placed tensors fail on meta): the caller then runs for real.
+def _meta_mode_class():
+    """A TorchFunctionMode that keeps everything on the meta device."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    meta = torch.device("meta")
+
+    def on_meta(x):
+        return isinstance(x, torch.Tensor) and x.device == meta
+
+    class MetaMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            name = getattr(func, "__name__", "")
+            if name in _FACTORIES and getattr(torch, name, None) is func:
+                kwargs["device"] = meta
+                kwargs.pop("generator", None)  # a CPU generator cannot draw on meta
+            elif name in ("cuda", "cpu") and args and on_meta(args[0]):
+                return args[0]  # problems that place their tensors explicitly
+            elif name == "to" and args and on_meta(args[0]):
+                # Keep a dtype change, drop a device change: x.to("cuda"), x.to(device, dtype).
+                kwargs.pop("device", None)
+                rest = [a for a in args[1:] if not isinstance(a, (str, torch.device))]
+                if not rest and not kwargs:
+                    return args[0]
+                args = (args[0],) + tuple(rest)
+            return func(*args, **kwargs)
+
+    return MetaMode
+
+
+def _pool_out(size, k, s, p, d, ceil):
+    """PyTorch's pooling output length (ATen pooling_output_shape)."""
+    num = size + 2 * p - d * (k - 1) - 1 + ((s - 1) if ceil else 0)
+    out = num // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+_META_KERNELS_ADDED = []
+
+
+def _add_missing_meta_kernels():
+    """Meta kernels for the few ops KernelBench uses that torch 1.13 lacks one for.
+
+    Registered only where the op really fails on meta (a newer torch has its
+    own), and only for the shape: nothing here ever computes a value.
     """
     import torch
-    if os.environ.get("KS_BRIDGE_NO_META") or not hasattr(torch, "compile"):
+    if _META_KERNELS_ADDED:
+        return
+    _META_KERNELS_ADDED.append(True)
+    try:
+        torch.nn.functional.max_pool3d(torch.empty(1, 1, 2, 2, 2, device="meta"), 2)
+        return
+    except NotImplementedError:
+        pass
+    except Exception:  # noqa: BLE001 - a torch that fails differently: leave it to the real run
+        return
+
+    def triple(v, default):
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        if not v:
+            v = list(default)
+        return v * 3 if len(v) == 1 else v
+
+    def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        k = triple(kernel_size, ())
+        s = triple(stride, k)
+        p = triple(padding, ())
+        d = triple(dilation, ())
+        spatial = [_pool_out(x.shape[-3 + i], k[i], s[i], p[i], d[i], ceil_mode) for i in range(3)]
+        shape = list(x.shape[:-3]) + spatial
+        return (torch.empty(shape, dtype=x.dtype, device="meta"), torch.empty(shape, dtype=torch.int64, device="meta"))
+
+    lib = torch.library.Library("aten", "IMPL", "Meta")
+    lib.impl("max_pool3d_with_indices", max_pool3d_with_indices)
+    _META_KERNELS_ADDED.append(lib)  # the registration lives as long as the library object
+
+
+def _signature_on_meta(problem, seed):
+    """Shapes and dtypes without computing anything (the "meta" device).
+
+    Returns None when shape inference fails for this problem (an op without a
+    meta kernel, .item() or another data-dependent shape, a non-tensor
+    result): the caller then runs the forward for real.
+    """
+    import torch
+    if os.environ.get("KS_BRIDGE_NO_META"):
         return None
     try:
-        meta = torch.device("meta")
-        with meta:
+        _add_missing_meta_kernels()
+        with _meta_mode_class()():
             model = problem.build_model(seed, None)
             inputs = problem.inputs(seed + 1, None)
             with torch.no_grad():
                 result = model(*inputs)
+        meta = torch.device("meta")
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)] + list(model.state_dict().values())
+        if any(t.device != meta for t in tensors):
+            return None
         if any(isinstance(t, torch.Tensor) and t.device != meta for t in _as_list(result)):
             return None
+        problem._outputs(result)  # a bad result is reported by the real run, with its line
     except Exception:  # noqa: BLE001 - any failure on meta means "run it for real"
         return None
     return model, inputs, result
@@ -438,13 +549,18 @@ def cmd_signature(problem, args):
     if meta is not None:
         model, inputs, result = meta
         outputs = problem._outputs(result)
+        how = "meta"
     else:
         device = resolve_device(problem, args.device)
         model = problem.build_model(args.seed, device)
         inputs = problem.inputs(args.seed + 1, device)
         outputs = problem.forward(model, inputs)
-    return make_signature(problem, input_specs(problem, model, inputs), parameter_specs(problem, model),
-                          output_specs(problem, outputs))
+        how = "forward on %s" % device.type
+    sig = make_signature(problem, input_specs(problem, model, inputs), parameter_specs(problem, model),
+                         output_specs(problem, outputs))
+    # How the shapes were found, for `--verbose` and the tests; SignatureFromJson ignores it.
+    sig["inferred_by"] = how
+    return sig
 
 
 # -- reference data and the degenerate-output check -------------------------------------
@@ -610,6 +726,76 @@ def _fits_for_timing(kept_bytes, new_bytes, device):
     return kept_bytes + new_bytes <= 0.3 * free
 
 
+def _state_snapshot(model):
+    """A copy of every parameter and buffer: forward may change buffers
+    (BatchNorm's running statistics in training mode), and every set's reference
+    and the candidate must start from the same state."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _restore_state(model, snapshot):
+    import torch
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(snapshot[k])
+
+
+def _outputs_agree(a, b, problem):
+    """Whether two runs' outputs are the same within the evaluator's tolerance."""
+    import torch
+    for (name, x), (_, y) in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if not x.is_floating_point():
+            if not torch.equal(x, y):
+                return False
+            continue
+        atol, rtol = _tolerance_for(problem, _dtype_name(x))
+        fx, fy = x.reshape(-1), y.reshape(-1)
+        for i in range(0, fx.numel(), CHUNK_ELEMENTS):
+            cx, cy = fx[i:i + CHUNK_ELEMENTS].double(), fy[i:i + CHUNK_ELEMENTS].double()
+            if not torch.allclose(cx, cy, atol=atol, rtol=rtol, equal_nan=True):
+                return False
+    return True
+
+
+def check_deterministic(problem, model, snapshot, set_seed, device, first):
+    """Refuses a problem whose reference differs between two runs of the same
+    input set: no kernel can be judged against it.
+
+    The second run starts from the same parameters and buffers with a
+    different random seed; when a third run with the first run's seed agrees
+    again, forward draws random numbers (Dropout in training mode,
+    torch.rand inside forward), and the message says so.
+    """
+    def run(rng_seed):
+        _restore_state(model, snapshot)
+        inputs = problem.inputs(set_seed, device)
+        _seed_everything(rng_seed)
+        return problem.forward(model, inputs)
+
+    second = run(set_seed + 7919)
+    if _outputs_agree(first, second, problem):
+        return
+    third = run(set_seed + 1000003)
+    del second
+    same_seed_agrees = _outputs_agree(third, run(set_seed + 1000003), problem)
+    if same_seed_agrees:
+        import torch
+        dropouts = [n or type(m).__name__ for n, m in model.named_modules()
+                    if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+        if dropouts:
+            cause = "Dropout in training mode (%s) zeroes different elements on every run" % ", ".join(dropouts)
+        else:
+            cause = "forward draws random numbers (torch.rand, randn, dropout or bernoulli inside forward)"
+    else:
+        cause = "forward gives different results even with the same random seed (a non-deterministic op or state " \
+                "kept between calls)"
+    raise problem.fail("nondeterministic", "the reference is not deterministic: two runs on the same input set "
+                       "differ beyond the tolerance; %s. No kernel can be judged against it: make forward "
+                       "deterministic (e.g. model.eval(), or draw the randomness in get_inputs())" % cause)
+
+
 def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     """Builds the model, runs K input sets, writes them when out_dir is given.
 
@@ -618,9 +804,23 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     import torch
     if sets < 1:
         raise BridgeError("bad_arguments", "--sets must be at least 1")
+    import time
+    phases = {}
+    clock = [time.monotonic()]
+
+    def phase(name):
+        """Adds the wall time since the previous mark to `name`: --verbose shows what dominates."""
+        now = time.monotonic()
+        phases[name] = phases.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
     device = resolve_device(problem, device_name)
     model = problem.build_model(seed, device)
     params = parameter_specs(problem, model)
+    snapshot = _state_snapshot(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    phase("model build")  # the state before any forward: given to the candidate, restored per set
 
     files_params = {}
     if out_dir is not None:
@@ -641,7 +841,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     timing_sets, kept_bytes = [], 0
     for i in range(sets):
         set_seed = seed + 1 + i
+        phase("writing files")  # the parameters, before the first set
         inputs = problem.inputs(set_seed, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        phase("input generation")
         specs = input_specs(problem, model, inputs)
         if sig_inputs is None:
             sig_inputs = specs
@@ -664,8 +868,15 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
             if path:
                 files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
         input_hashes.append(hashes)
+        phase("writing files")
 
+        _restore_state(model, snapshot)
+        _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
         outputs = problem.forward(model, inputs)
+        phase("forward")
+        if i == 0:
+            check_deterministic(problem, model, snapshot, set_seed, device, outputs)
+            phase("determinism check")
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -685,6 +896,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
             if path:
                 files[name] = "set%d/%s.bin" % (i, name)
         output_hashes.append(ohashes)
+        phase("writing files")  # with the degenerate-output statistics
         del outputs
         manifest_sets.append({"seed": set_seed, "files": files})
 
@@ -710,7 +922,10 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     timing = {"eager": None, "compiled": None}
     if do_time and device.type == "cuda":
         import timing as ks_timing
-        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device)
+        _restore_state(model, snapshot)
+        phase("writing files")
+        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        clock[0] = time.monotonic()
         timing = {"eager": eager, "compiled": compiled}
         for w in timing_warnings:
             warnings.add_plain(w)
@@ -725,6 +940,8 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         "warnings": warnings.messages(sets),
         "notes": notes.messages(sets),
         "scalars": scalars,
+        # Wall seconds per phase of this bridge run, in order (not part of any result).
+        "phases": [[k, round(v, 3)] for k, v in phases.items()],
     }
     return manifest
 
@@ -833,6 +1050,14 @@ def main(argv):
         return emit(result, 0)
     except BridgeError as e:
         return emit({"error": {"kind": e.kind, "message": e.message, "detail": e.detail}}, EXIT_BAD_PROBLEM)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return emit({"error": {"kind": "internal", "message": "%s: reference bridge failed: %s: %s"
+                                   % (what, type(e).__name__, _first_line(e)), "detail": _traceback_tail(e)}},
+                        EXIT_INTERNAL)
+        return emit({"error": {"kind": "disk_full", "message": "%s: the disk filled while writing the reference (%s); "
+                               "lower the cache cap (--cache-cap) or free space" % (what, _first_line(e)),
+                               "detail": _traceback_tail(e)}}, EXIT_BAD_PROBLEM)
     except MemoryError as e:
         return emit({"error": {"kind": "out_of_memory", "message": "%s: out of host memory" % what,
                                "detail": _traceback_tail(e)}}, EXIT_BAD_PROBLEM)

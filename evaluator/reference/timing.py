@@ -128,15 +128,22 @@ class Timer:
         return stats(choose_series([p[0] for p in pairs], [p[1] for p in pairs]))
 
 
-def time_model(model, arg_sets, device=None, compile_model=True):
+def time_model(model, arg_sets, device=None, compile_model=True, phases=None):
     """Times eager forward and torch.compile(model) on the same inputs.
 
-    Returns (eager_stats, compiled_stats_or_None, warnings).
+    Returns (eager_stats, compiled_stats_or_None, warnings). `phases`, when
+    given, receives the wall seconds of each ("eager timing", "torch.compile
+    timing": compilation included).
     """
+    import time
     warnings = []
     timer = Timer(device)
+    phases = {} if phases is None else phases
     with torch.no_grad():
+        t0 = time.monotonic()
         eager = timer.measure(model, arg_sets)
+        phases["eager timing"] = time.monotonic() - t0
+        t0 = time.monotonic()
         compiled = None
         if compile_model:
             if not hasattr(torch, "compile"):
@@ -150,4 +157,5 @@ def time_model(model, arg_sets, device=None, compile_model=True):
                     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
                     warnings.append("torch.compile failed, no compiled timing: %s: %s"
                                     % (type(e).__name__, msg[:300]))
+        phases["torch.compile timing"] = time.monotonic() - t0
     return eager, compiled, warnings

@@ -3,12 +3,15 @@
 // real python3 + torch (CPU is enough); without one they skip, saying why.
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
+#include "evaluator/reference_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -194,6 +197,81 @@ TEST(SignatureTest, ProblemPrintsDoNotCorruptTheAnswer) {
   auto s = LoadProblemSignature(Fixture("noisy_constant.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{10, 3}));
+}
+
+SubprocessResult RunCli(std::vector<std::string> args);
+
+// ---- Signatures without computing -----------------------------------------------------
+
+// Runs `bridge.py signature FILE` directly: how the shapes were found
+// ("meta", or "forward on cpu") is in its answer, not in the C++ Signature.
+nlohmann::json BridgeSignature(const std::string& file) {
+  auto py = ResolvePython();
+  KS_CHECK(py.ok());
+  SubprocessOptions o;
+  o.argv = {py->python, KS_SOURCE_DIR "/evaluator/reference/bridge.py", "signature", file};
+  o.timeout_s = 300;
+  auto r = RunSubprocess(o);
+  KS_CHECK(r.ok());
+  return nlohmann::json::parse(r->out, nullptr, false);
+}
+
+// The forward of huge_shapes.py needs 64 GiB (its input alone is 32 GiB); this
+// machine class has far less, so a signature that ran it would fail or be
+// killed. It must come back quickly, from shapes only.
+TEST(MetaSignatureTest, ProblemLargerThanMemoryGetsItsSignatureWithoutRunning) {
+  REQUIRE_TORCH();
+  auto t0 = std::chrono::steady_clock::now();
+  auto s = LoadProblemSignature(Fixture("huge_shapes.py"));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  // 5 s on an idle 2-core machine (one torch import); the bound leaves room for a loaded CI machine.
+  EXPECT_LT(secs, 30.0);
+  ASSERT_EQ(s->inputs.size(), 2u);
+  EXPECT_EQ(s->inputs[0].shape, (std::vector<int64_t>{8192, 1 << 20}));
+  EXPECT_EQ(s->inputs[0].bytes(), int64_t{32} << 30);
+  EXPECT_EQ(s->inputs[1].dtype, DType::kBool);
+  ASSERT_EQ(s->parameters.size(), 2u);
+  EXPECT_EQ(s->Find("proj.weight")->shape, (std::vector<int64_t>{16, 512}));
+  ASSERT_EQ(s->outputs.size(), 3u);
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{8192, 1 << 20}));
+  EXPECT_EQ(s->outputs[1].dtype, DType::kInt64);  // argmax
+  EXPECT_EQ(s->outputs[1].shape, (std::vector<int64_t>{8192}));
+  EXPECT_TRUE(s->outputs[2].shape.empty());  // a 0-dim sum
+  EXPECT_EQ(BridgeSignature(Fixture("huge_shapes.py")).value("inferred_by", ""), "meta");
+}
+
+// torch 1.13 has no meta kernel for max_pool3d; the bridge's shape rule must
+// agree with PyTorch's (dilation, padding, ceil_mode), and `.cuda()` in forward
+// must not force a real run on a machine without a GPU.
+TEST(MetaSignatureTest, MaxPool3dOverA32GiBInputUsesTheShapeRule) {
+  REQUIRE_TORCH();
+  auto j = BridgeSignature(Fixture("huge_pool3d.py"));
+  ASSERT_TRUE(j.is_object() && !j.contains("error")) << j.dump();
+  EXPECT_EQ(j.value("inferred_by", ""), "meta");
+  auto s = SignatureFromJson(j);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  // (256 + 2*1 - 3*(3-1) - 1 + (2-1)) / 2 + 1 = 127, as nn.MaxPool3d computes it.
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{16, 32, 127, 127, 127}));
+}
+
+TEST(MetaSignatureTest, DataDependentShapesFallBackToARealForward) {
+  REQUIRE_TORCH();
+  auto j = BridgeSignature(Fixture("data_dependent.py"));
+  ASSERT_TRUE(j.is_object() && !j.contains("error")) << j.dump();
+  EXPECT_EQ(j.value("inferred_by", ""), "forward on cpu");
+  auto s = SignatureFromJson(j);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{4, 3}));
+}
+
+// `problem info` (and `compile`, through the same LoadProblemSignature) is what
+// a user runs on a CPU machine: it answers for the 32 GiB problem.
+TEST(MetaSignatureTest, ProblemInfoAnswersForAHugeProblem) {
+  REQUIRE_TORCH();
+  SubprocessResult info = RunCli({"problem", "info", Fixture("huge_shapes.py")});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_THAT(info.out, ::testing::ContainsRegex("input +x +float32 +\\[8192, 1048576\\]"));
 }
 
 // ---- Bad problem files ----------------------------------------------------------------
@@ -476,6 +554,220 @@ TEST(ToleranceTest, NormBoundsPerDtypeAndAProblemsLooserRtolLoosensThem) {
   EXPECT_DOUBLE_EQ(back->ToleranceFor(DType::kFloat32).rel_norm, 3e-6);
 }
 
+// ---- The bounded cache ------------------------------------------------------------------
+
+// matmul.py: inputs 64x32 + 32x48 fp32, output 64x48 fp32, no parameters.
+constexpr uint64_t kMatmulSetBytes = (64 * 32 + 32 * 48 + 64 * 48) * 4;
+
+TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  // Room for two entries of two sets (plus manifests), not three.
+  auto opts = [&](uint64_t seed) {
+    ReferenceOptions o = CpuOptions(cache.path(), 2, seed);
+    o.cache_cap = 5 * kMatmulSetBytes;
+    return o;
+  };
+  auto a = PrepareReference(Fixture("matmul.py"), opts(1));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  auto b = PrepareReference(Fixture("matmul.py"), opts(2));
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  auto a_again = PrepareReference(Fixture("matmul.py"), opts(1));  // a is now the most recently used
+  ASSERT_TRUE(a_again.ok()) << a_again.status().message();
+  EXPECT_TRUE(a_again->from_cache);
+  auto c = PrepareReference(Fixture("matmul.py"), opts(3));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->evicted, std::vector<std::string>{fs::path(b->dir).filename().string()});
+  EXPECT_TRUE(fs::exists(a->dir));
+  EXPECT_FALSE(fs::exists(b->dir));
+  auto usage = ReadCacheUsage(cache.path());
+  ASSERT_TRUE(usage.ok()) << usage.status().message();
+  EXPECT_EQ(usage->entries.size(), 2u);
+  EXPECT_LE(usage->entry_bytes, 5 * kMatmulSetBytes);
+  EXPECT_EQ(usage->entries.back().path, c->dir);  // most recently used last
+}
+
+TEST(CacheTest, SetsBeyondTheCapAreNotPreparedAndTheWarningSaysWhy) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 3);
+  o.cache_cap = 2 * kMatmulSetBytes + kMatmulSetBytes / 2;
+  auto r = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->sets.size(), 2u);
+  EXPECT_EQ(r->sets_requested, 3);
+  ASSERT_FALSE(r->warnings.empty());
+  EXPECT_THAT(r->warnings[0], HasSubstr("using 2 of the 3 input sets"));
+  EXPECT_THAT(r->warnings[0], HasSubstr("cap"));
+
+  // Fewer than two sets cannot tell a kernel that ignores its inputs: refused, saying by how much.
+  o.cache_cap = kMatmulSetBytes + kMatmulSetBytes / 2;
+  o.sets = 2;
+  auto small = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(small.status().message(), HasSubstr("matmul.py"));
+  EXPECT_THAT(small.status().message(), HasSubstr("--cache-cap"));
+}
+
+TEST(CacheTest, SetsBeyondTheGpuBudgetAreNotPrepared) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 4);
+  // GpuEvaluator per set: inputs twice (arena, pristine copy) and the outputs once; one more output buffer.
+  const uint64_t in = (64 * 32 + 32 * 48) * 4, out = 64 * 48 * 4;
+  o.device_budget = out + 3 * (2 * in + out);
+  auto r = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->sets.size(), 3u);
+  ASSERT_FALSE(r->warnings.empty());
+  EXPECT_THAT(r->warnings[0], HasSubstr("GPU memory"));
+}
+
+TEST(CacheTest, TemporaryDirectoriesOfKilledRunsAreRemoved) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(dead, &status, 0), dead);
+  const fs::path stale = fs::path(cache.path()) / (".tmp-matmul-" + std::to_string(dead) + "-0");
+  const fs::path live = fs::path(cache.path()) / (".tmp-matmul-" + std::to_string(getpid()) + "-99");
+  fs::create_directories(stale / "set0");
+  fs::create_directories(live);
+  ASSERT_TRUE(WriteFile((stale / "set0" / "x.bin").string(), std::string(4096, 'x')).ok());
+  auto r = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));  // a run in progress (this process) is left alone
+}
+
+TEST(CacheTest, PhasesSayWhereThePreparationWentAndACacheHitSaysSo) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  std::vector<std::string> names;
+  for (const auto& [name, s] : first->phases) {
+    names.push_back(name);
+    EXPECT_GE(s, 0.0) << name;
+  }
+  for (const char* want : {"bridge: model build", "bridge: input generation", "bridge: forward",
+                           "bridge: determinism check", "bridge: writing files"})
+    EXPECT_THAT(names, ::testing::Contains(want));
+  EXPECT_THAT(names[0], HasSubstr("signature"));
+  auto hit = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(hit.ok()) << hit.status().message();
+  ASSERT_EQ(hit->phases.size(), 1u);
+  EXPECT_EQ(hit->phases[0].first, "cache lookup");
+}
+
+TEST(CacheTest, ByteSizesParse) {
+  EXPECT_EQ(*ParseByteSize("20G"), uint64_t{20} << 30);
+  EXPECT_EQ(*ParseByteSize("512M"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseByteSize("1.5GiB"), uint64_t{3} << 29);
+  EXPECT_EQ(*ParseByteSize("100 kb"), uint64_t{102400});
+  EXPECT_EQ(*ParseByteSize("1000"), uint64_t{1000});
+  for (const char* bad : {"", "G", "-1G", "12X", "1e30"}) EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
+}
+
+// ---- KernelBench constructs ---------------------------------------------------------------
+
+template <typename T>
+std::vector<T> ReadAs(const ReferenceData& d, int set, const std::string& name) {
+  auto path = d.FilePath(set, name);
+  KS_CHECK(path.ok());
+  auto bytes = ReadTensorFile(*path, *d.signature.Find(name));
+  KS_CHECK(bytes.ok());
+  std::vector<T> v(bytes->size() / sizeof(T));
+  std::memcpy(v.data(), bytes->data(), bytes->size());
+  return v;
+}
+
+TEST(ConstructsTest, BoolIntegerZeroDimAndTupleOutputsAreReferencedExactly) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto r = PrepareReference(Fixture("mixed_kinds.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Signature& sig = r->signature;
+  ASSERT_EQ(sig.inputs.size(), 3u);
+  EXPECT_EQ(sig.inputs[1].dtype, DType::kBool);
+  EXPECT_EQ(sig.inputs[2].dtype, DType::kInt32);
+  ASSERT_EQ(sig.outputs.size(), 3u);
+  EXPECT_EQ(sig.outputs[0].dtype, DType::kInt64);
+  EXPECT_EQ(sig.outputs[1].dtype, DType::kFloat32);
+  EXPECT_TRUE(sig.outputs[1].shape.empty());
+  EXPECT_EQ(sig.outputs[1].bytes(), 4);
+  for (int set = 0; set < 2; ++set) {
+    auto x = ReadAs<float>(*r, set, "x");
+    auto mask = ReadAs<uint8_t>(*r, set, "mask");
+    auto labels = ReadAs<int32_t>(*r, set, "labels");
+    auto argmax = ReadAs<int64_t>(*r, set, "out0");
+    auto loss = ReadAs<float>(*r, set, "out1");
+    auto twice = ReadAs<int32_t>(*r, set, "out2");
+    double sum = 0;
+    for (int i = 0; i < 16; ++i) {
+      int best = 0;
+      float best_v = -INFINITY;
+      for (int j = 0; j < 10; ++j) {
+        float y = (mask[i * 10 + j] ? 0.f : x[i * 10 + j]) + float(labels[i]);
+        sum += std::max(0.0, 1.0 - y * 0.1);
+        if (y > best_v) best_v = y, best = j;
+      }
+      EXPECT_EQ(argmax[i], best) << "set " << set << " row " << i;
+      EXPECT_EQ(twice[i], 2 * labels[i]);
+    }
+    EXPECT_NEAR(loss[0], sum / 160, 1e-5);
+  }
+}
+
+// BatchNorm in training mode updates its running statistics, and this module
+// also counts its calls in a buffer that scales the output: without the
+// pre-forward state restored, set 1 would be scaled by 2 (or 3, after the
+// determinism check) and the candidate would get post-forward buffers.
+TEST(ConstructsTest, EverySetAndTheCandidateStartFromThePreForwardState) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto r = PrepareReference(Fixture("stateful_buffer.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(ReadAs<float>(*r, 0, "calls"), std::vector<float>{0.f});
+  EXPECT_EQ(ReadAs<float>(*r, 0, "bn.running_mean"), std::vector<float>(6, 0.f));
+  EXPECT_EQ(ReadAs<float>(*r, 0, "bn.running_var"), std::vector<float>(6, 1.f));
+  EXPECT_EQ(ReadAs<int64_t>(*r, 0, "bn.num_batches_tracked"), std::vector<int64_t>{0});
+  for (int set = 0; set < 2; ++set) {
+    auto x = ReadAs<float>(*r, set, "x");
+    auto out = ReadAs<float>(*r, set, "out");
+    for (int c = 0; c < 6; ++c) {  // training-mode BatchNorm: batch mean, biased variance; weight 1, bias 0
+      double mean = 0, var = 0;
+      for (int n = 0; n < 5; ++n) mean += x[n * 6 + c] / 5.0;
+      for (int n = 0; n < 5; ++n) var += (x[n * 6 + c] - mean) * (x[n * 6 + c] - mean) / 5.0;
+      for (int n = 0; n < 5; ++n)
+        EXPECT_NEAR(out[n * 6 + c], (x[n * 6 + c] - mean) / std::sqrt(var + 1e-5) * 1.0, 1e-4)
+            << "set " << set << " (a scale of 2 or more means the buffer kept the previous forward's count)";
+    }
+  }
+}
+
+TEST(ConstructsTest, NondeterministicReferencesAreRefusedNamingTheCause) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto dropout = PrepareReference(Fixture("nondet_dropout.py"), CpuOptions(cache.path()));
+  ASSERT_FALSE(dropout.ok());
+  EXPECT_EQ(dropout.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(dropout.status().message(), HasSubstr("nondet_dropout.py"));
+  EXPECT_THAT(dropout.status().message(), HasSubstr("not deterministic"));
+  EXPECT_THAT(dropout.status().message(), HasSubstr("Dropout in training mode (drop)"));
+  auto rand = CheckProblem(Fixture("nondet_rand.py"), {}, "cpu");
+  ASSERT_FALSE(rand.ok());
+  EXPECT_THAT(rand.status().message(), HasSubstr("forward draws random numbers"));
+  // A refused problem leaves nothing in the cache.
+  auto usage = ReadCacheUsage(cache.path());
+  ASSERT_TRUE(usage.ok());
+  EXPECT_TRUE(usage->entries.empty());
+  EXPECT_EQ(usage->temp_dirs, 0);
+}
+
 // ---- The real binary ------------------------------------------------------------------------
 
 SubprocessResult RunCli(std::vector<std::string> args) {
@@ -665,6 +957,35 @@ TEST(CliTest, SearchUsesThePythonItIsGiven) {
   EXPECT_THAT(r.err, HasSubstr("/bin/false"));
   EXPECT_THAT(r.err, HasSubstr("torch"));
   std::filesystem::remove(db);
+}
+
+TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ASSERT_TRUE(PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path())).ok());
+  SubprocessResult list = RunCli({"cache", "list", "--cache-dir", cache.path(), "--cache-cap", "1G", "--json"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  auto j = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << list.out;
+  EXPECT_EQ(j["cap_bytes"], uint64_t{1} << 30);
+  ASSERT_EQ(j["entries"].size(), 1u);
+  EXPECT_EQ(j["entries"][0]["sets"], 2);
+  EXPECT_GE(j["bytes"].get<uint64_t>(), 2 * kMatmulSetBytes);
+  SubprocessResult table = RunCli({"cache", "list", "--cache-dir", cache.path()});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("matmul-"));
+  EXPECT_THAT(table.out, HasSubstr("1 entry"));
+
+  SubprocessResult clear = RunCli({"cache", "clear", "--cache-dir", cache.path()});
+  ASSERT_EQ(clear.exit_code, 0) << clear.err;
+  EXPECT_THAT(clear.out, HasSubstr("removed 1 entry"));
+  auto after = ReadCacheUsage(cache.path());
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->entries.empty());
+
+  SubprocessResult bad = RunCli({"cache", "list", "--cache-cap", "lots"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--cache-cap"));
 }
 
 }  // namespace
