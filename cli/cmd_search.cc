@@ -355,6 +355,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
   }
   int64_t suite_id = f.resume;
   SearchConfig config;
+  std::vector<std::string> files;
   if (f.resume) {
     auto suite = (*store)->GetSuite(f.resume);
     if (!suite.ok()) return ReportError(suite.status());
@@ -365,8 +366,9 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
     if (sub->count("--model")) config.model = f.llm.config.spec;
   } else {
     if (f.paths.empty()) return ReportError(InvalidArgument("suite: give problem files or directories, or --resume ID"));
-    auto files = ListProblemFiles(f.paths);
-    if (!files.ok()) return ReportError(files.status());
+    auto listed = ListProblemFiles(f.paths);
+    if (!listed.ok()) return ReportError(listed.status());
+    files = *listed;
     auto c = ConfigFromFlags(f, sub);
     if (!c.ok()) return ReportError(c.status());
     config = *c;
@@ -381,8 +383,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
   auto prompts = PromptLibrary::LoadDefault();
   if (!prompts.ok()) return ReportError(prompts.status());
   if (!f.resume) {
-    auto files = ListProblemFiles(f.paths);
-    auto id = SuiteRunner::Create(store->get(), *files, config);
+    auto id = SuiteRunner::Create(store->get(), files, config);
     if (!id.ok()) return ReportError(id.status());
     suite_id = *id;
   }
