@@ -1,7 +1,11 @@
 // kernelsearch eval PROBLEM CANDIDATE|DIR [--plan P] [--json]
+// kernelsearch eval KERNELS_DIR --problems PROBLEMS_DIR [--json]: a folder of
+// ready kernels scored against a level (the suite table and fast_p figures).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +15,8 @@
 #include "evaluator/candidate_parser.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
+#include "search/evaluator_factory.h"
+#include "search/suite.h"
 
 namespace ks::cli {
 namespace {
@@ -18,6 +24,8 @@ namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string problem, candidate, plan, python;
+  std::string problems_dir;  // --problems: batch over a level
+  std::string evaluator;     // "" / gpu, or fake[:FILE] (tests)
   int sets = 3;
   bool json = false;
   bool keep_privileges = false;
@@ -43,7 +51,150 @@ std::vector<std::string> CandidateFiles(const std::string& dir) {
   return out;
 }
 
+// The GPU evaluator for one problem, with eval's options (input sets, run
+// timeout, privileges). Warnings go to stderr.
+StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, const std::string& problem) {
+  ReferenceOptions ro;
+  ro.bridge.python = a.python;
+  ro.sets = a.sets;
+  ro.device = "cuda";
+  ro.time = true;
+  KS_ASSIGN_OR_RETURN(auto cache, ResolveCacheFlags(a.cache));
+  std::tie(ro.cache_dir, ro.cache_cap) = cache;
+  // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
+  if (auto free_mem = FreeDeviceMemory(0); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
+  if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", problem.c_str());
+  KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem, ro));
+  for (const auto& w : ref.warnings) std::fprintf(stderr, "warning: %s: %s\n", problem.c_str(), w.c_str());
+  GpuEvaluatorOptions go;
+  go.drop_privileges = !a.keep_privileges;
+  go.run_timeout_s = a.run_timeout_s;
+  go.python = a.python;
+  const auto setup_start = std::chrono::steady_clock::now();
+  KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, GpuEvaluator::Create(ref, go));
+  if (a.verbose) {
+    // What the first evaluation of a problem spends its time on, for finding what dominates.
+    std::fprintf(stderr, "phases (wall seconds)%s:\n", ref.from_cache ? ", reference from the cache" : "");
+    for (const auto& [name, s] : ref.phases) std::fprintf(stderr, "  %-52s %8.3f\n", name.c_str(), s);
+    std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)",
+                 SecondsSince(setup_start));
+    for (const auto& e : ref.evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
+  }
+  if (ref.signature.flops.value_or(0) > 0) {
+    if (auto peaks = ev->Peaks(); !peaks.ok())
+      std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
+                   problem.c_str(), peaks.status().message().c_str());
+  }
+  return ev;
+}
+
+// A folder of ready kernels against a folder of problems: kernels are matched
+// to problems by name (19_ReLU.cu + 19_ReLU.json, or 19_ReLU.md, for
+// 19_ReLU.py). One problem at a time, each with its own reference and worker,
+// released before the next (a level's references need not fit at once). A
+// problem without a kernel, or whose kernel or reference fails, is a row.
+int RunLevel(const EvalArgs& a) {
+  const std::string& kernels_dir = a.problem;
+  if (!a.candidate.empty())
+    return ReportError(InvalidArgument("with --problems, give one KERNELS_DIR (not '" + a.candidate + "')"));
+  if (!fs::is_directory(kernels_dir)) return ReportError(InvalidArgument(kernels_dir + ": not a directory of kernels"));
+  auto problems = ListProblemFiles({a.problems_dir});
+  if (!problems.ok()) return ReportError(problems.status().WithContext("--problems"));
+  bool fake = a.evaluator.rfind("fake", 0) == 0;
+  if (!a.evaluator.empty() && a.evaluator != "gpu" && !fake)
+    return ReportError(InvalidArgument("unknown evaluator '" + a.evaluator + "' (gpu, fake, fake:FILE)"));
+  if (!fake) {
+    std::string why;
+    if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("eval needs a GPU: " + why));
+  }
+  std::map<std::string, std::vector<std::string>> kernels;  // stem -> .md / .cu files
+  for (const auto& f : CandidateFiles(kernels_dir)) kernels[fs::path(f).stem().string()].push_back(f);
+  std::set<std::string> matched;
+
+  SuiteReport report;
+  if (!a.json) std::printf("%s", RenderSuiteHeader().c_str());
+  for (size_t i = 0; i < problems->size(); ++i) {
+    const std::string& problem = (*problems)[i];
+    std::string stem = fs::path(problem).stem().string();
+    SuiteProblemResult row;
+    row.problem = stem;
+    row.file = problem;
+    auto it = kernels.find(stem);
+    if (it == kernels.end()) {
+      row.status = "no kernel";
+      row.message = "no " + stem + ".cu or " + stem + ".md in " + kernels_dir;
+    } else if (it->second.size() > 1) {
+      matched.insert(stem);
+      row.status = "error";
+      row.message = "both " + fs::path(it->second[0]).filename().string() + " and " +
+                    fs::path(it->second[1]).filename().string() + ": keep one";
+    } else {
+      matched.insert(stem);
+      row.kernel_file = it->second[0];
+      [&] {
+        auto cand = LoadCandidateFiles(row.kernel_file, "");
+        if (!cand.ok()) {
+          row.status = "parse_error";
+          row.message = cand.status().message();
+          return;
+        }
+        std::unique_ptr<CandidateEvaluator> ev;
+        if (fake) {
+          auto made = MakeEvaluator(problem, {.spec = a.evaluator, .python = a.python});
+          if (!made.ok()) {
+            row.status = "error";
+            row.message = made.status().message();
+            return;
+          }
+          ev = std::move(*made);
+        } else {
+          auto made = MakeGpuEvaluator(a, problem);
+          if (!made.ok()) {
+            row.status = "error";
+            row.message = made.status().message();
+            return;
+          }
+          ev = std::move(*made);
+        }
+        auto results = ev->EvaluateBatch({*cand});
+        if (!results.ok() || results->size() != 1) {
+          row.status = "error";
+          row.message = results.ok() ? "the evaluator returned no result" : results.status().message();
+          return;
+        }
+        std::string kernel_file = row.kernel_file;
+        row = ResultFromEvaluation(problem, (*results)[0]);
+        row.kernel_file = kernel_file;
+      }();
+    }
+    if (a.json) {
+      auto j = SuiteProblemResultToJson(row);
+      j["event"] = "problem";
+      j["index"] = i;
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%s", RenderSuiteRow(static_cast<int>(i), row).c_str());
+    }
+    std::fflush(stdout);
+    report.rows.push_back(std::move(row));
+  }
+  for (const auto& [stem, files] : kernels)
+    if (!matched.count(stem))
+      std::fprintf(stderr, "warning: %s matches no problem in %s\n", files[0].c_str(), a.problems_dir.c_str());
+  report.figures = ComputeSuiteFigures(report.rows);
+  if (a.json) std::printf("%s\n", SuiteReportToJson(report).dump().c_str());
+  else std::printf("%s", RenderSuiteFigures(report.figures).c_str());
+  return report.figures.correct == report.figures.problems ? kExitOk : kExitFailed;
+}
+
 int Run(const EvalArgs& a) {
+  if (!a.problems_dir.empty()) return RunLevel(a);
+  if (a.problem.empty() || a.candidate.empty())
+    return ReportError(InvalidArgument("eval: give PROBLEM and CANDIDATE (or KERNELS_DIR --problems PROBLEMS_DIR)"));
+  if (!fs::is_regular_file(a.problem))
+    return ReportError(InvalidArgument(a.problem + ": not a problem file (a folder of kernels goes with --problems DIR)"));
+  if (!a.evaluator.empty() && a.evaluator != "gpu")
+    return ReportError(InvalidArgument("--evaluator applies to KERNELS_DIR --problems DIR only"));
   std::vector<std::string> files;
   bool batch = fs::is_directory(a.candidate);
   if (batch) {
@@ -67,40 +218,8 @@ int Run(const EvalArgs& a) {
   }
   std::string why;
   if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("eval needs a GPU: " + why));
-  ReferenceOptions ro;
-  ro.bridge.python = a.python;
-  ro.sets = a.sets;
-  ro.device = "cuda";
-  ro.time = true;
-  auto cache = ResolveCacheFlags(a.cache);
-  if (!cache.ok()) return ReportError(cache.status());
-  std::tie(ro.cache_dir, ro.cache_cap) = *cache;
-  // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
-  if (auto free_mem = FreeDeviceMemory(0); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
-  if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", a.problem.c_str());
-  auto ref = PrepareReference(a.problem, ro);
-  if (!ref.ok()) return ReportError(ref.status());
-  for (const auto& w : ref->warnings) std::fprintf(stderr, "warning: %s: %s\n", a.problem.c_str(), w.c_str());
-  GpuEvaluatorOptions go;
-  go.drop_privileges = !a.keep_privileges;
-  go.run_timeout_s = a.run_timeout_s;
-  go.python = a.python;
-  const auto setup_start = std::chrono::steady_clock::now();
-  auto ev = GpuEvaluator::Create(*ref, go);
+  auto ev = MakeGpuEvaluator(a, a.problem);
   if (!ev.ok()) return ReportError(ev.status());
-  if (a.verbose) {
-    // What the first evaluation of a problem spends its time on, for finding what dominates.
-    std::fprintf(stderr, "phases (wall seconds)%s:\n", ref->from_cache ? ", reference from the cache" : "");
-    for (const auto& [name, s] : ref->phases) std::fprintf(stderr, "  %-52s %8.3f\n", name.c_str(), s);
-    std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)",
-                 SecondsSince(setup_start));
-    for (const auto& e : ref->evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
-  }
-  if (ref->signature.flops.value_or(0) > 0) {
-    if (auto peaks = (*ev)->Peaks(); !peaks.ok())
-      std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
-                   a.problem.c_str(), peaks.status().message().c_str());
-  }
   std::vector<Candidate> to_eval;
   std::vector<size_t> index;
   for (size_t i = 0; i < cands.size(); ++i)
@@ -148,10 +267,15 @@ int Run(const EvalArgs& a) {
 void RegisterEvalCommand(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand("eval", "Evaluate a candidate (or a directory of them) on the GPU: correctness and speed against PyTorch");
-  sub->add_option("problem", a->problem, "Problem file (KernelBench format .py)")->required()->check(CLI::ExistingFile);
-  sub->add_option("candidate", a->candidate, "A .cu (+ .json plan) or .md candidate, or a directory of them")
-      ->required()
+  sub->add_option("problem", a->problem, "Problem file (KernelBench format .py); with --problems, the folder of kernels")
       ->check(CLI::ExistingPath);
+  sub->add_option("candidate", a->candidate, "A .cu (+ .json plan) or .md candidate, or a directory of them")
+      ->check(CLI::ExistingPath);
+  sub->add_option("--problems", a->problems_dir,
+                  "Score a folder of kernels against this folder of problems: 19_ReLU.cu (+ .json) or 19_ReLU.md "
+                  "for 19_ReLU.py; prints the per-problem table and fast_p figures")
+      ->check(CLI::ExistingDirectory);
+  sub->add_option("--evaluator", a->evaluator, "gpu (default), or fake[:FILE] for tests (with --problems)");
   sub->add_option("--plan", a->plan, "Launch-plan JSON file (single .cu candidate)")->check(CLI::ExistingFile);
   sub->add_option("--sets", a->sets, "Input sets to check against")->capture_default_str()->check(CLI::Range(1, 16));
   sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")
@@ -163,7 +287,7 @@ void RegisterEvalCommand(CLI::App& app) {
   sub->add_flag("--verbose,-v", a->verbose,
                 "Print on stderr where the time went: the reference's phases (signature, model build, input "
                 "generation, forward, writing, eager and torch.compile timing) and the evaluator's setup");
-  sub->footer("Exit status: 0 all correct, 1 some candidate not correct, 2 bad input, 3 no GPU / no torch.");
+  sub->footer("Exit status: 0 all correct, 1 some candidate (or problem of --problems) not correct, 2 bad input, 3 no GPU / no torch.");
   SetAction(sub, [a] { return Run(*a); });
 }
 

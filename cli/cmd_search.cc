@@ -18,6 +18,8 @@
 #include "search/evaluator_factory.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
+#include "search/suite.h"
+#include "evaluator/cuda_driver.h"
 #include "search/store/lineage_store.h"
 
 namespace ks::cli {
@@ -53,6 +55,9 @@ struct SearchFlags {
   std::string signature_file;
   std::string gpu_name;
   LlmFlags llm;
+  // kernelsearch suite only.
+  std::vector<std::string> paths;
+  int64_t show = 0;
 };
 
 std::string DbPath(const std::string& flag) { return flag.empty() ? store::DefaultDbPath() : flag; }
@@ -114,19 +119,47 @@ StatusOr<std::unique_ptr<LlmClient>> MakeClient(const SearchFlags& f, const Sear
   return MakeLlmClientFromFlags(flags);
 }
 
-// The problem file an evaluator can read: the stored path when it still holds
-// the stored text, else a copy of the stored text (a GPU node may not have the
-// model side's paths).
-StatusOr<std::string> ProblemFileFor(const store::ProblemRow& p) {
-  auto text = ReadFile(p.file_path);
-  if (text.ok() && Sha256Hex(*text) == p.sha256) return p.file_path;
-  std::string dir = (std::filesystem::temp_directory_path() / ("kernelsearch-problems-" + p.sha256.substr(0, 16))).string();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return FailedPrecondition("creating " + dir + ": " + ec.message());
-  std::string path = dir + "/" + p.name + ".py";
-  KS_RETURN_IF_ERROR(WriteFile(path, p.source));
-  return path;
+// The search config the flags describe: --config's file, then the flags given.
+StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
+  SearchConfig config;
+  if (!f.config_file.empty()) {
+    auto c = LoadSearchConfigFile(f.config_file, config);
+    if (!c.ok()) return c.status();
+    config = *c;
+  }
+  // Flags given on the command line override the file.
+  if (sub->count("--rounds")) config.rounds = f.rounds;
+  if (sub->count("--ideas")) config.ideas = f.ideas;
+  if (sub->count("--branches")) config.branches = f.branches;
+  if (sub->count("--beam")) config.beam = f.beam;
+  if (sub->count("--repair")) config.repair_attempts = f.repair;
+  if (sub->count("--budget-calls")) config.budget_calls = f.budget_calls;
+  if (sub->count("--budget-tokens")) config.budget_tokens = f.budget_tokens;
+  if (sub->count("--budget-cost")) config.budget_cost_usd = f.budget_cost;
+  if (sub->count("--budget-minutes")) config.budget_minutes = f.budget_minutes;
+  if (sub->count("--target-speedup")) config.target_speedup = f.target_speedup;
+  if (sub->count("--seed")) config.seed = f.seed;
+  if (sub->count("--model")) config.model = f.llm.config.spec;
+  if (sub->count("--concurrency")) config.llm_concurrency = f.llm.config.concurrency;
+  if (!f.ideas_model.empty()) config.role_models["ideas"] = f.ideas_model;
+  if (!f.implement_model.empty()) config.role_models["implement"] = f.implement_model;
+  if (!f.repair_model.empty()) config.role_models["repair"] = f.repair_model;
+  for (const auto& rs : f.llm.role_models) {
+    auto parsed = ParseRoleSpec(rs);
+    if (!parsed.ok()) return parsed.status();
+    config.role_models[parsed->first] = parsed->second;
+  }
+  if (!f.seed_kernel.empty()) {
+    auto seed = LoadCandidateFiles(f.seed_kernel, f.seed_plan);
+    if (!seed.ok()) return seed.status().WithContext("--seed-kernel");
+    config.seed_source = seed->source;
+    config.seed_plan = seed->plan_json;
+    config.seed_label = f.seed_kernel;
+  }
+  if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
+  if (f.no_bank) config.bank = false;
+  KS_RETURN_IF_ERROR(config.Validate());
+  return config;
 }
 
 int PrintOutcome(const SearchOutcome& out, bool json) {
@@ -182,7 +215,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
     config = *c;
     auto problem = (*store)->GetProblem(search->problem_id);
     if (!problem.ok()) return ReportError(problem.status());
-    auto file = ProblemFileFor(*problem);
+    auto file = StoredProblemFile(*problem);
     if (!file.ok()) return ReportError(file.status());
     problem_file = *file;
     // A different model may be named for the rest of a resumed search (a key
@@ -191,43 +224,12 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   } else {
     if (f.problem.empty()) return ReportError(InvalidArgument("search: give a PROBLEM file or --resume ID"));
     problem_file = f.problem;
-    if (!f.config_file.empty()) {
-      auto c = LoadSearchConfigFile(f.config_file, config);
-      if (!c.ok()) return ReportError(c.status());
-      config = *c;
-    }
-    // Flags given on the command line override the file.
-    if (sub->count("--rounds")) config.rounds = f.rounds;
-    if (sub->count("--ideas")) config.ideas = f.ideas;
-    if (sub->count("--branches")) config.branches = f.branches;
-    if (sub->count("--beam")) config.beam = f.beam;
-    if (sub->count("--repair")) config.repair_attempts = f.repair;
-    if (sub->count("--budget-calls")) config.budget_calls = f.budget_calls;
-    if (sub->count("--budget-tokens")) config.budget_tokens = f.budget_tokens;
-    if (sub->count("--budget-cost")) config.budget_cost_usd = f.budget_cost;
-    if (sub->count("--budget-minutes")) config.budget_minutes = f.budget_minutes;
-    if (sub->count("--target-speedup")) config.target_speedup = f.target_speedup;
-    if (sub->count("--seed")) config.seed = f.seed;
-    if (sub->count("--model")) config.model = f.llm.config.spec;
-    if (sub->count("--concurrency")) config.llm_concurrency = f.llm.config.concurrency;
-    if (!f.ideas_model.empty()) config.role_models["ideas"] = f.ideas_model;
-    if (!f.implement_model.empty()) config.role_models["implement"] = f.implement_model;
-    if (!f.repair_model.empty()) config.role_models["repair"] = f.repair_model;
-    for (const auto& rs : f.llm.role_models) {
-      auto parsed = ParseRoleSpec(rs);
-      if (!parsed.ok()) return ReportError(parsed.status());
-      config.role_models[parsed->first] = parsed->second;
-    }
-    if (!f.seed_kernel.empty()) {
-      auto seed = LoadCandidateFiles(f.seed_kernel, f.seed_plan);
-      if (!seed.ok()) return ReportError(seed.status().WithContext("--seed-kernel"));
-      config.seed_source = seed->source;
-      config.seed_plan = seed->plan_json;
-      config.seed_label = f.seed_kernel;
-    }
-    if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
-    if (f.no_bank) config.bank = false;
-    if (Status st = config.Validate(); !st.ok()) return ReportError(st);
+    if (std::filesystem::is_directory(problem_file))
+      return ReportError(InvalidArgument(problem_file + " is a directory: search many problems with `kernelsearch suite " +
+                                         problem_file + "`"));
+    auto c = ConfigFromFlags(f, sub);
+    if (!c.ok()) return ReportError(c.status());
+    config = *c;
   }
 
   // A degenerate reference (outputs all zero, constant, independent of the
@@ -320,6 +322,150 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   return PrintOutcome(*out, f.json);
 }
 
+// Live progress of a suite: the table's rows on stdout as problems finish, and
+// one rewritten line on stderr for the problem being searched; JSON lines on
+// stdout for scripts.
+class SuiteProgress {
+ public:
+  SuiteProgress(bool quiet, bool json) : quiet_(quiet), json_(json) {}
+  void operator()(const SuiteEvent& e) {
+    switch (e.type) {
+      case SuiteEvent::Type::kProblemStarted:
+        if (json_) {
+          Print(nlohmann::json{{"event", "problem_started"}, {"index", e.index}, {"problem", e.problem}});
+        } else if (!quiet_) {
+          Header();
+          std::fprintf(stderr, "\r\033[K[%d/%d] %s: preparing", e.index + 1, e.count, e.problem.c_str());
+          std::fflush(stderr);
+        }
+        return;
+      case SuiteEvent::Type::kSearchProgress: {
+        if (json_ || quiet_ || !e.search) return;
+        const SearchEvent& s = *e.search;
+        std::string best = s.best_speedup ? fmt::format("{:.2f}x", *s.best_speedup) : "-";
+        std::fprintf(stderr, "\r\033[K[%d/%d] %s: round %d | evaluated %lld (%lld failed) | best %s | %lld calls",
+                     e.index + 1, e.count, e.problem.c_str(), s.round, static_cast<long long>(s.evaluated),
+                     static_cast<long long>(s.failed), best.c_str(), static_cast<long long>(s.llm_calls));
+        std::fflush(stderr);
+        return;
+      }
+      case SuiteEvent::Type::kProblemFinished:
+        if (json_) {
+          auto j = SuiteProblemResultToJson(e.result);
+          j["event"] = "problem";
+          j["index"] = e.index;
+          j["resumed_done"] = e.skipped;
+          Print(j);
+        } else {
+          Header();
+          if (!quiet_) std::fprintf(stderr, "\r\033[K");
+          std::fflush(stderr);
+          std::printf("%s", RenderSuiteRow(e.index, e.result).c_str());
+          std::fflush(stdout);
+        }
+        return;
+    }
+  }
+
+ private:
+  void Print(const nlohmann::json& j) {
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  void Header() {
+    if (header_done_) return;
+    header_done_ = true;
+    std::printf("%s", RenderSuiteHeader().c_str());
+  }
+  bool quiet_, json_;
+  bool header_done_ = false;
+};
+
+int PrintSuiteReport(const SuiteReport& report, bool json, bool with_rows) {
+  if (json) {
+    std::printf("%s\n", SuiteReportToJson(report).dump().c_str());
+  } else {
+    if (with_rows) std::printf("%s", RenderSuiteReport(report).c_str());
+    else std::printf("%s", RenderSuiteFigures(report.figures).c_str());
+    std::printf("suite %lld: %s\n", static_cast<long long>(report.suite_id), report.status.c_str());
+  }
+  return report.status == "cancelled" ? kExitEnv : kExitOk;
+}
+
+int RunSuite(SearchFlags& f, CLI::App* sub) {
+  auto store = store::LineageStore::Open(DbPath(f.db));
+  if (!store.ok()) return ReportError(store.status());
+  if (f.show) {
+    auto report = LoadSuiteReport(store->get(), f.show);
+    if (!report.ok()) return ReportError(report.status());
+    PrintSuiteReport(*report, f.json, /*with_rows=*/true);
+    return kExitOk;  // showing a cancelled suite is not itself a failure
+  }
+  int64_t suite_id = f.resume;
+  SearchConfig config;
+  std::vector<std::string> files;
+  if (f.resume) {
+    auto suite = (*store)->GetSuite(f.resume);
+    if (!suite.ok()) return ReportError(suite.status());
+    if (!f.paths.empty()) return ReportError(InvalidArgument("suite --resume takes no problem paths: the suite has its own"));
+    auto c = SuiteSearchConfig(*suite);
+    if (!c.ok()) return ReportError(c.status());
+    config = *c;
+    if (sub->count("--model")) config.model = f.llm.config.spec;
+  } else {
+    if (f.paths.empty()) return ReportError(InvalidArgument("suite: give problem files or directories, or --resume ID"));
+    auto listed = ListProblemFiles(f.paths);
+    if (!listed.ok()) return ReportError(listed.status());
+    files = *listed;
+    auto c = ConfigFromFlags(f, sub);
+    if (!c.ok()) return ReportError(c.status());
+    config = *c;
+  }
+  // Without a GPU every problem would fail the same way: say so once, at once.
+  if (f.evaluator.empty() || f.evaluator == "gpu") {
+    std::string why;
+    if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("a suite needs a GPU to evaluate candidates: " + why));
+  }
+  auto llm = MakeClient(f, config);
+  if (!llm.ok()) return ReportError(llm.status());
+  auto prompts = PromptLibrary::LoadDefault();
+  if (!prompts.ok()) return ReportError(prompts.status());
+  if (!f.resume) {
+    auto id = SuiteRunner::Create(store->get(), files, config);
+    if (!id.ok()) return ReportError(id.status());
+    suite_id = *id;
+  }
+  if (!f.json) std::fprintf(stderr, "suite %lld (resume with `kernelsearch suite --resume %lld`)\n",
+                            static_cast<long long>(suite_id), static_cast<long long>(suite_id));
+
+  BridgeOptions bridge{.python = f.python};
+  SuiteRunner::Hooks hooks;
+  hooks.signature = [&](const std::string& file) -> StatusOr<Signature> {
+    // As a single search: a degenerate reference cannot tell a right kernel from a wrong one.
+    if (!f.allow_degenerate) {
+      KS_ASSIGN_OR_RETURN(std::vector<std::string> warnings, CheckProblem(file, bridge));
+      if (!warnings.empty()) {
+        std::string why;
+        for (const auto& w : warnings) why += (why.empty() ? "" : "; ") + w;
+        return InvalidArgument("degenerate reference (" + why + "); --allow-degenerate to search anyway");
+      }
+    }
+    return LoadProblemSignature(file, bridge);
+  };
+  hooks.evaluator = [&](const std::string& file) {
+    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python});
+  };
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  SuiteProgress progress(f.quiet, f.json);
+  SuiteRunner runner({.store = store->get(), .llm = llm->get(), .prompts = &*prompts, .cancel = &g_interrupted,
+                      .hooks = hooks},
+                     [&](const SuiteEvent& e) { progress(e); });
+  auto report = runner.Run(suite_id);
+  if (!report.ok()) return ReportError(report.status().WithContext("suite " + std::to_string(suite_id)));
+  return PrintSuiteReport(*report, f.json, /*with_rows=*/false);
+}
+
 struct EvaluatePendingFlags {
   std::string db;
   int64_t search = 0;
@@ -350,7 +496,7 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     if (!search.ok()) return ReportError(search.status());
     auto problem = (*store)->GetProblem(search->problem_id);
     if (!problem.ok()) return ReportError(problem.status());
-    auto file = ProblemFileFor(*problem);
+    auto file = StoredProblemFile(*problem);
     if (!file.ok()) return ReportError(file.status());
     auto made = MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python});
     if (!made.ok()) return ReportError(made.status());
@@ -380,12 +526,9 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
   return kExitOk;
 }
 
-}  // namespace
-
-void RegisterSearchCommands(CLI::App& app) {
-  auto* f = new SearchFlags();  // lives as long as the process: CLI11 binds to it
-  auto* sub = app.add_subcommand("search", "search for fast kernels for a problem (multi-round, with lineage)");
-  sub->add_option("problem", f->problem, "the problem .py (KernelBench format)");
+// The options a single search and a suite share: the search's shape, budgets,
+// models, store, evaluator.
+void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--config", f->config_file, "JSON config file (keys as in search_config.h); flags override it");
   sub->add_option("--rounds", f->rounds, "improvement rounds after round 0 (default 3)");
   sub->add_option("--ideas", f->ideas, "ideas per beam kernel per round (default 4)");
@@ -400,26 +543,48 @@ void RegisterSearchCommands(CLI::App& app) {
   sub->add_option("--ideas-model", f->ideas_model, "model SPEC for the ideas prompt");
   sub->add_option("--implement-model", f->implement_model, "model SPEC for the implement prompt");
   sub->add_option("--repair-model", f->repair_model, "model SPEC for the repair prompt");
-  sub->add_option("--seed-kernel", f->seed_kernel, "a first kernel (.cu with .json plan beside it, or .md)");
-  sub->add_option("--seed-plan", f->seed_plan, "the seed kernel's plan, when not beside it");
   sub->add_option("--seed", f->seed, "seed for reproducible tie-breaking");
   sub->add_option("--db", f->db, "lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
-  sub->add_option("--resume", f->resume, "continue search ID from the store");
-  sub->add_flag("--generate-only", f->generate_only,
-                "run the model side of the next step, leave candidates pending (for GPU nodes without internet)");
   sub->add_flag("--allow-degenerate", f->allow_degenerate,
                 "search even when the problem's reference outputs are degenerate (see `kernelsearch problem check`)");
   sub->add_flag("--no-bank", f->no_bank,
                 "do not show the model the best kernels of similar problems from the store (the kernel bank)");
   sub->add_flag("--quiet", f->quiet, "no live progress");
-  sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
   AddPythonOption(sub, &f->python);
-  sub->add_option("--signature", f->signature_file,
-                  "the problem's signature as JSON instead of running the bridge (machines without torch)");
   sub->add_option("--gpu", f->gpu_name, "the GPU the prompts name (default: the evaluator's device)");
   AddLlmOptions(sub, &f->llm, /*require_model=*/false);
+}
+
+}  // namespace
+
+void RegisterSearchCommands(CLI::App& app) {
+  auto* f = new SearchFlags();  // lives as long as the process: CLI11 binds to it
+  auto* sub = app.add_subcommand("search", "search for fast kernels for a problem (multi-round, with lineage)");
+  sub->add_option("problem", f->problem, "the problem .py (KernelBench format); many problems: `kernelsearch suite`");
+  sub->add_option("--seed-kernel", f->seed_kernel, "a first kernel (.cu with .json plan beside it, or .md)");
+  sub->add_option("--seed-plan", f->seed_plan, "the seed kernel's plan, when not beside it");
+  sub->add_option("--resume", f->resume, "continue search ID from the store");
+  sub->add_flag("--generate-only", f->generate_only,
+                "run the model side of the next step, leave candidates pending (for GPU nodes without internet)");
+  sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");
+  sub->add_option("--signature", f->signature_file,
+                  "the problem's signature as JSON instead of running the bridge (machines without torch)");
+  AddSharedSearchOptions(sub, f);
   SetAction(sub, [f, sub] { return RunSearch(*f, sub); });
+
+  auto* f_suite = new SearchFlags();
+  auto* su = app.add_subcommand("suite",
+                                "search many problems (a directory, e.g. a KernelBench level) in one resumable run, "
+                                "with the per-problem table and fast_p figures");
+  su->add_option("problems", f_suite->paths, "problem .py files and/or directories of them");
+  su->add_option("--resume", f_suite->resume, "continue suite ID from the store");
+  su->add_option("--show", f_suite->show, "print suite ID's table and figures from the store, and run nothing");
+  su->add_flag("--json", f_suite->json, "one JSON line per problem as it finishes, then the suite's table and figures");
+  AddSharedSearchOptions(su, f_suite);
+  su->footer("Exit status: 0 the suite ran to its end (problems without a correct kernel are rows, not errors), "
+             "2 bad arguments, 3 no GPU / cancelled.");
+  SetAction(su, [f_suite, su] { return RunSuite(*f_suite, su); });
 
   auto* ef = new EvaluatePendingFlags();
   auto* ep = app.add_subcommand("evaluate-pending", "evaluate every pending candidate in the store (split searches)");

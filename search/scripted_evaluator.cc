@@ -89,6 +89,7 @@ StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::strin
     o.eager_ms = j.value("eager_ms", o.eager_ms);
     o.compile_ms = j.value("compile_ms", o.compile_ms);
     o.delay_ms = j.value("delay_ms", o.delay_ms);
+    o.floor_ms = j.value("floor_ms", o.floor_ms);
     o.log_path = j.value("log", o.log_path);
     o.fail_after = j.value("fail_after", o.fail_after);
     o.device = j.value("device", o.device);
@@ -125,6 +126,12 @@ Evaluation ScriptedEvaluator::Decide(const Candidate& c) const {
   e.speedup_compile = options_.compile_ms / ms;
   if (std::string launch_ms = MarkerArg(c.source, "FAKE_LAUNCH_MS"); !launch_ms.empty())
     e.launch_profiles = ScriptedProfiles(c, NumberList(launch_ms));
+  if (options_.floor_ms > 0) {
+    Roofline r;
+    r.floor_ms = options_.floor_ms;
+    r.fraction_of_floor = options_.floor_ms / ms;
+    e.roofline = r;
+  }
   return e;
 }
 

@@ -30,6 +30,7 @@ struct ScriptedEvaluatorOptions {
   double eager_ms = 2.0;
   double compile_ms = 1.5;
   double delay_ms = 0;     // sleep per candidate, to stand in for GPU time
+  double floor_ms = 0;     // > 0: a roofline whose floor is this time (fraction = floor / median)
   std::string log_path;    // "" = no log
   int64_t fail_after = -1; // < 0: never
   std::string device = "fake-gpu";
@@ -37,7 +38,7 @@ struct ScriptedEvaluatorOptions {
   std::optional<GpuFacts> gpu;
 };
 
-// Reads {"eager_ms", "compile_ms", "delay_ms", "log", "fail_after", "device",
+// Reads {"eager_ms", "compile_ms", "delay_ms", "floor_ms", "log", "fail_after", "device",
 // "gpu"}; "gpu" is an object as in a search config's "gpu" (search_config.h).
 StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::string& path);
 

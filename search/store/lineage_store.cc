@@ -142,6 +142,26 @@ CREATE TABLE bank_shown (
   PRIMARY KEY (search_id, slot_key, bank_candidate)
 );
 )sql",
+      // 5: suites: many problems searched in one resumable run (kernelsearch
+      // suite). An entry names its file; its search once one was created; an
+      // error when the problem failed before or during its search.
+      R"sql(
+CREATE TABLE suites (
+  id INTEGER PRIMARY KEY,
+  config_json TEXT NOT NULL,
+  status TEXT NOT NULL DEFAULT 'pending',
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  updated TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE TABLE suite_problems (
+  suite_id INTEGER NOT NULL REFERENCES suites(id),
+  position INTEGER NOT NULL,
+  file_path TEXT NOT NULL,
+  search_id INTEGER REFERENCES searches(id),
+  error TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (suite_id, position)
+);
+)sql",
   };
   return kSteps;
 }
@@ -1058,6 +1078,68 @@ StatusOr<int64_t> LineageStore::FailedLlmCalls(int64_t search_id) {
   q.Bind(1, search_id);
   KS_ASSIGN_OR_RETURN(bool row, q.Step());
   return row ? q.Int(0) : int64_t{0};
+}
+
+StatusOr<int64_t> LineageStore::CreateSuite(const std::string& config_json, const std::vector<std::string>& files) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  KS_STMT(ins, "INSERT INTO suites (config_json, status) VALUES (?, 'pending')");
+  ins.Bind(1, config_json);
+  KS_RETURN_IF_ERROR(ins.Run());
+  int64_t id = sqlite3_last_insert_rowid(db_.get());
+  for (size_t i = 0; i < files.size(); ++i) {
+    KS_STMT(e, "INSERT INTO suite_problems (suite_id, position, file_path) VALUES (?, ?, ?)");
+    e.Bind(1, id).Bind(2, static_cast<int64_t>(i)).Bind(3, files[i]);
+    KS_RETURN_IF_ERROR(e.Run());
+  }
+  KS_RETURN_IF_ERROR(txn.Commit());
+  return id;
+}
+
+StatusOr<SuiteRow> LineageStore::GetSuite(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SuiteRow suite;
+  {
+    KS_STMT(q, "SELECT id, config_json, status, created, updated FROM suites WHERE id = ?");
+    q.Bind(1, id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return NotFound("no suite with id " + std::to_string(id));
+    suite.id = q.Int(0);
+    suite.config_json = q.Text(1);
+    KS_ASSIGN_OR_RETURN(suite.status, ParseSearchStatus(q.Text(2)));
+    suite.created = q.Text(3);
+    suite.updated = q.Text(4);
+  }
+  KS_STMT(q, "SELECT position, file_path, search_id, error FROM suite_problems WHERE suite_id = ? ORDER BY position");
+  q.Bind(1, id);
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    suite.entries.push_back({.position = static_cast<int>(q.Int(0)), .file_path = q.Text(1),
+                             .search_id = q.OptInt(2), .error = q.Text(3)});
+  }
+  return suite;
+}
+
+Status LineageStore::SetSuiteEntry(int64_t suite_id, int position, std::optional<int64_t> search_id,
+                                   const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, "UPDATE suite_problems SET search_id = ?, error = ? WHERE suite_id = ? AND position = ?");
+  u.Bind(1, search_id).Bind(2, error).Bind(3, suite_id).Bind(4, static_cast<int64_t>(position));
+  KS_RETURN_IF_ERROR(u.Run());
+  if (sqlite3_changes(db_.get()) == 0)
+    return NotFound("suite " + std::to_string(suite_id) + " has no problem " + std::to_string(position));
+  return Status::Ok();
+}
+
+Status LineageStore::SetSuiteStatus(int64_t id, SearchStatus status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, std::string("UPDATE suites SET status = ?, updated = ") + kNow + " WHERE id = ?");
+  u.Bind(1, SearchStatusName(status)).Bind(2, id);
+  KS_RETURN_IF_ERROR(u.Run());
+  if (sqlite3_changes(db_.get()) == 0) return NotFound("no suite with id " + std::to_string(id));
+  return Status::Ok();
 }
 
 #undef KS_STMT

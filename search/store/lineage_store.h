@@ -158,6 +158,25 @@ struct RoundRow {
   bool generated = false;     // every model call of the round's first pass is done
 };
 
+// A suite: many problems searched in one resumable run. Each entry is one
+// problem file, in the order given; search_id is set once its search exists,
+// error when the problem failed before its search could run (bad file,
+// degenerate reference) or its search ended in an error.
+struct SuiteEntryRow {
+  int position = 0;
+  std::string file_path;
+  std::optional<int64_t> search_id;
+  std::string error;
+};
+struct SuiteRow {
+  int64_t id = 0;
+  std::string config_json;  // the search config every problem's search gets, and the suite's options
+  SearchStatus status = SearchStatus::kPending;
+  std::string created;
+  std::string updated;
+  std::vector<SuiteEntryRow> entries;  // by position
+};
+
 // SHA-256 of what a model was asked (role, system prompt and prompt), for
 // matching calls on resume.
 std::string PromptHash(const std::string& role, const std::string& system, const std::string& prompt);
@@ -234,6 +253,12 @@ class LineageStore {
   StatusOr<std::vector<CandidateRow>> CorrectCandidates(int64_t search_id);
   StatusOr<std::optional<CandidateRow>> BestCorrect(int64_t search_id);
   StatusOr<std::optional<CandidateRow>> BestCorrectForProblem(int64_t problem_id);
+
+  // Suites: the suite and one entry per file, in one transaction.
+  StatusOr<int64_t> CreateSuite(const std::string& config_json, const std::vector<std::string>& files);
+  StatusOr<SuiteRow> GetSuite(int64_t id);  // with its entries
+  Status SetSuiteEntry(int64_t suite_id, int position, std::optional<int64_t> search_id, const std::string& error);
+  Status SetSuiteStatus(int64_t id, SearchStatus status);
 
   // LLM calls.
   StatusOr<int64_t> PutLlmCall(int64_t search_id, const std::string& slot_key, const LlmCallRecord& record);

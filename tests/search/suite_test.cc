@@ -1,0 +1,308 @@
+// Suites (search/suite.h): the fast_p figures and geometric means from rows,
+// the order of a level's files, and a whole suite run through the real
+// orchestrator and store with the scripted evaluator and a fake model: one row
+// per problem, a broken problem a row and not the end, the table KernelBench
+// users report, and a cancelled suite resumed without running a finished
+// problem again.
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include <gtest/gtest.h>
+
+#include "common/files.h"
+#include "search/scripted_evaluator.h"
+#include "search/suite.h"
+
+namespace ks {
+namespace {
+namespace fs = std::filesystem;
+
+SuiteProblemResult Row(const std::string& name, bool correct, std::optional<double> eager,
+                       std::optional<double> compile) {
+  SuiteProblemResult r;
+  r.problem = name;
+  r.correct = correct;
+  r.status = correct ? "correct" : "incorrect";
+  if (correct) r.speedup_eager = eager, r.speedup_compile = compile;
+  return r;
+}
+
+TEST(SuiteFiguresTest, FastPCountsEveryProblemAndIsStrict) {
+  std::vector<SuiteProblemResult> rows = {
+      Row("a", true, 4.0, 3.0),        // > 2x both
+      Row("b", true, 2.0, 0.5),        // exactly 2x eager: fast_1, not fast_2
+      Row("c", true, 0.8, 0.4),        // correct but slower
+      Row("d", false, std::nullopt, std::nullopt),
+      Row("e", true, std::nullopt, std::nullopt),  // correct, no timing: fast_0 only, no geomean
+  };
+  SuiteFigures f = ComputeSuiteFigures(rows);
+  EXPECT_EQ(f.problems, 5);
+  EXPECT_EQ(f.correct, 4);
+  EXPECT_DOUBLE_EQ(f.fast_eager[0], 4.0 / 5);
+  EXPECT_DOUBLE_EQ(f.fast_eager[1], 2.0 / 5);
+  EXPECT_DOUBLE_EQ(f.fast_eager[2], 1.0 / 5);
+  EXPECT_DOUBLE_EQ(f.fast_compile[0], 4.0 / 5);
+  EXPECT_DOUBLE_EQ(f.fast_compile[1], 1.0 / 5);
+  EXPECT_DOUBLE_EQ(f.fast_compile[2], 1.0 / 5);
+  ASSERT_TRUE(f.geomean_eager.has_value());
+  EXPECT_NEAR(*f.geomean_eager, std::cbrt(4.0 * 2.0 * 0.8), 1e-12);
+  EXPECT_EQ(f.geomean_eager_n, 3);
+  EXPECT_NEAR(*f.geomean_compile, std::cbrt(3.0 * 0.5 * 0.4), 1e-12);
+
+  auto j = SuiteFiguresToJson(f);
+  EXPECT_DOUBLE_EQ(j["fast_1_eager"].get<double>(), 0.4);
+  EXPECT_DOUBLE_EQ(j["fast_2_compile"].get<double>(), 0.2);
+  std::string table = RenderSuiteFigures(f);
+  EXPECT_NE(table.find("80.0%"), std::string::npos) << table;
+  EXPECT_NE(table.find("over 3 problems"), std::string::npos) << table;
+}
+
+TEST(SuiteFiguresTest, EmptyAndAllFailedHaveNoGeomean) {
+  SuiteFigures none = ComputeSuiteFigures({});
+  EXPECT_EQ(none.problems, 0);
+  EXPECT_DOUBLE_EQ(none.fast_eager[0], 0);
+  SuiteFigures failed = ComputeSuiteFigures({Row("a", false, {}, {}), Row("b", false, {}, {})});
+  EXPECT_DOUBLE_EQ(failed.fast_eager[0], 0);
+  EXPECT_FALSE(failed.geomean_eager.has_value());
+  EXPECT_EQ(SuiteFiguresToJson(failed)["geomean_speedup_eager"], nullptr);
+}
+
+TEST(SuiteFilesTest, LevelOrderIsNatural) {
+  EXPECT_TRUE(NaturalLess("2_ReLU.py", "10_Conv.py"));
+  EXPECT_FALSE(NaturalLess("10_Conv.py", "2_ReLU.py"));
+  EXPECT_TRUE(NaturalLess("1_a.py", "1_b.py"));
+  EXPECT_TRUE(NaturalLess("9_z.py", "softmax.py"));  // numbered problems first
+  fs::path dir = fs::temp_directory_path() / ("ks_suite_files_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const char* n : {"10_c.py", "2_b.py", "1_a.py", "__init__.py", "notes.txt"})
+    ASSERT_TRUE(WriteFile((dir / n).string(), "").ok());
+  auto files = ListProblemFiles({dir.string()});
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  ASSERT_EQ(files->size(), 3u);
+  EXPECT_EQ(fs::path((*files)[0]).filename(), "1_a.py");
+  EXPECT_EQ(fs::path((*files)[1]).filename(), "2_b.py");
+  EXPECT_EQ(fs::path((*files)[2]).filename(), "10_c.py");
+  auto missing = ListProblemFiles({(dir / "nope").string()});
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  auto empty_dir = dir / "empty";
+  fs::create_directories(empty_dir);
+  EXPECT_EQ(ListProblemFiles({empty_dir.string()}).status().code(), Code::kInvalidArgument);
+  fs::remove_all(dir);
+}
+
+// A model whose kernels depend on a tag in the problem text (which every
+// prompt quotes): "SUITE_MS=x" gives a kernel of x ms, "SUITE_WRONG" an
+// incorrect one.
+class TaggedLlm : public LlmClient {
+ public:
+  StatusOr<std::string> Complete(const LlmRequest& r, LlmCallRecord* record) override {
+    calls_++;
+    std::string reply;
+    if (r.role == "ideas") {
+      reply = "```json\n[{\"title\": \"tile\", \"idea\": \"tile the loop\"}]\n```\n";
+    } else {
+      std::string marker = "FAKE_MS(1.0)";
+      if (r.prompt.find("SUITE_WRONG") != std::string::npos) marker = "FAKE_STATUS(incorrect)";
+      size_t at = r.prompt.find("SUITE_MS=");
+      if (at != std::string::npos) {
+        size_t end = r.prompt.find_first_not_of("0123456789.", at + 9);
+        marker = "FAKE_MS(" + r.prompt.substr(at + 9, end - at - 9) + ")";
+      }
+      reply = "```cuda\nextern \"C\" __global__ void k(float* out, const float* x, int n) { /* " + marker +
+              " */ }\n```\n```json\n{\"launches\": [{\"kernel\": \"k\", \"grid\": [\"cdiv(x.numel, 256)\"], "
+              "\"block\": [256], \"args\": [\"out\", \"x\", \"x.numel\"]}]}\n```\n";
+    }
+    if (record) {
+      record->role = r.role;
+      record->backend = "fake";
+      record->model = "tagged";
+      record->prompt = r.prompt;
+      record->response = reply;
+      record->attempts = 1;
+    }
+    return reply;
+  }
+  std::string Describe() const override { return "tagged"; }
+  std::atomic<int> calls_{0};
+};
+
+class SuiteRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ks_suite_run_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "level");
+    Problem("1_fast", "# SUITE_MS=0.5");
+    Problem("2_broken", "# BROKEN");
+    Problem("3_wrong", "# SUITE_WRONG");
+    Problem("10_slow", "# SUITE_MS=4.0");
+    auto s = store::LineageStore::Open((dir_ / "lineage.db").string());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+    auto p = PromptLibrary::LoadDefault();
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    prompts_ = std::make_unique<PromptLibrary>(std::move(*p));
+    config_.rounds = 1;
+    config_.ideas = 1;
+    config_.branches = 1;
+    config_.beam = 1;
+    config_.repair_attempts = 0;
+    config_.model = "tagged";
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  void Problem(const std::string& name, const std::string& tag) {
+    ASSERT_TRUE(WriteFile((dir_ / "level" / (name + ".py")).string(),
+                          tag + "\nimport torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                                "        return x.clone()\ndef get_inputs():\n    return [torch.randn(1024)]\n"
+                                "def get_init_inputs():\n    return []\n")
+                    .ok());
+  }
+  SuiteRunner::Hooks Hooks() {
+    SuiteRunner::Hooks h;
+    h.signature = [this](const std::string& file) -> StatusOr<Signature> {
+      std::lock_guard<std::mutex> lock(mu_);
+      signature_calls_[fs::path(file).stem().string()]++;
+      if (ReadFile(file)->find("# BROKEN") != std::string::npos)
+        return InvalidArgument(file + ": forward raised RuntimeError: shapes do not match");
+      Signature sig;
+      sig.name = fs::path(file).stem().string();
+      sig.file = file;
+      sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+      sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
+      return sig;
+    };
+    h.evaluator = [this](const std::string& file) -> StatusOr<SearchEvaluator> {
+      std::lock_guard<std::mutex> lock(mu_);
+      evaluator_calls_[fs::path(file).stem().string()]++;
+      SearchEvaluator made;
+      made.evaluator = std::make_unique<ScriptedEvaluator>(
+          ScriptedEvaluatorOptions{.eager_ms = 2.0, .compile_ms = 1.5, .floor_ms = 0.25});
+      return made;
+    };
+    return h;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<store::LineageStore> store_;
+  std::unique_ptr<PromptLibrary> prompts_;
+  SearchConfig config_;
+  TaggedLlm llm_;
+  std::mutex mu_;
+  std::map<std::string, int> signature_calls_, evaluator_calls_;
+};
+
+TEST_F(SuiteRunTest, OneRowPerProblemAndTheFigures) {
+  auto files = ListProblemFiles({(dir_ / "level").string()});
+  ASSERT_TRUE(files.ok());
+  auto id = SuiteRunner::Create(store_.get(), *files, config_);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  std::vector<std::string> finished;
+  SuiteRunner runner({.store = store_.get(), .llm = &llm_, .prompts = prompts_.get(), .hooks = Hooks()},
+                     [&](const SuiteEvent& e) {
+                       if (e.type == SuiteEvent::Type::kProblemFinished) finished.push_back(e.result.problem);
+                     });
+  auto report = runner.Run(*id);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->status, "finished");
+  EXPECT_EQ(finished, (std::vector<std::string>{"1_fast", "2_broken", "3_wrong", "10_slow"}));
+  ASSERT_EQ(report->rows.size(), 4u);
+  const auto& fast = report->rows[0];
+  EXPECT_EQ(fast.status, "correct");
+  EXPECT_NEAR(*fast.speedup_eager, 4.0, 1e-9);
+  EXPECT_NEAR(*fast.speedup_compile, 3.0, 1e-9);
+  EXPECT_NEAR(*fast.fraction_of_floor, 0.5, 1e-9);
+  EXPECT_TRUE(fast.search_id && fast.candidate_id);
+  EXPECT_EQ(report->rows[1].status, "error");
+  EXPECT_NE(report->rows[1].message.find("shapes do not match"), std::string::npos) << report->rows[1].message;
+  EXPECT_FALSE(report->rows[1].search_id.has_value());
+  EXPECT_EQ(report->rows[2].status, "no correct kernel");
+  EXPECT_FALSE(report->rows[2].correct);
+  EXPECT_EQ(report->rows[3].status, "correct");
+  EXPECT_NEAR(*report->rows[3].speedup_eager, 0.5, 1e-9);
+
+  const SuiteFigures& f = report->figures;
+  EXPECT_EQ(f.problems, 4);
+  EXPECT_EQ(f.correct, 2);
+  EXPECT_DOUBLE_EQ(f.fast_eager[0], 0.5);
+  EXPECT_DOUBLE_EQ(f.fast_eager[1], 0.25);
+  EXPECT_DOUBLE_EQ(f.fast_eager[2], 0.25);
+  EXPECT_DOUBLE_EQ(f.fast_compile[1], 0.25);
+  EXPECT_NEAR(*f.geomean_eager, std::sqrt(4.0 * 0.5), 1e-9);
+  EXPECT_NEAR(*f.geomean_compile, std::sqrt(3.0 * 0.375), 1e-9);
+
+  // The table a user reads, and the same from the store alone.
+  std::string table = RenderSuiteReport(*report);
+  EXPECT_NE(table.find("1_fast"), std::string::npos) << table;
+  EXPECT_NE(table.find("4.00x"), std::string::npos) << table;
+  EXPECT_NE(table.find("50%"), std::string::npos) << table;
+  EXPECT_NE(table.find("no correct kernel"), std::string::npos) << table;
+  auto again = LoadSuiteReport(store_.get(), *id);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(SuiteReportToJson(*again), SuiteReportToJson(*report));
+}
+
+TEST_F(SuiteRunTest, CancelledSuiteResumesWithoutRepeatingFinishedProblems) {
+  auto files = ListProblemFiles({(dir_ / "level").string()});
+  ASSERT_TRUE(files.ok());
+  auto id = SuiteRunner::Create(store_.get(), *files, config_);
+  ASSERT_TRUE(id.ok());
+  std::atomic<bool> cancel{false};
+  {
+    SuiteRunner runner({.store = store_.get(), .llm = &llm_, .prompts = prompts_.get(), .cancel = &cancel,
+                        .hooks = Hooks()},
+                       [&](const SuiteEvent& e) {
+                         if (e.type == SuiteEvent::Type::kProblemFinished && e.index == 0) cancel = true;
+                       });
+    auto report = runner.Run(*id);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->status, "cancelled");
+    EXPECT_EQ(report->rows[0].status, "correct");
+    EXPECT_EQ(report->rows[1].status, "pending");
+    EXPECT_EQ(report->rows[3].status, "pending");
+  }
+  int calls_before = llm_.calls_.load();
+  EXPECT_GT(calls_before, 0);
+  cancel = false;
+  std::vector<std::pair<std::string, bool>> finished;
+  SuiteRunner runner({.store = store_.get(), .llm = &llm_, .prompts = prompts_.get(), .cancel = &cancel,
+                      .hooks = Hooks()},
+                     [&](const SuiteEvent& e) {
+                       if (e.type == SuiteEvent::Type::kProblemFinished) finished.push_back({e.result.problem, e.skipped});
+                     });
+  auto report = runner.Run(*id);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->status, "finished");
+  // The finished problem is reported, not searched again: one signature and one
+  // evaluator for it over both runs.
+  ASSERT_EQ(finished.size(), 4u);
+  EXPECT_EQ(finished[0], std::make_pair(std::string("1_fast"), true));
+  EXPECT_FALSE(finished[3].second);
+  EXPECT_EQ(signature_calls_["1_fast"], 1);
+  EXPECT_EQ(evaluator_calls_["1_fast"], 1);
+  EXPECT_EQ(report->rows[3].status, "correct");
+  EXPECT_EQ(report->figures.correct, 2);
+  EXPECT_DOUBLE_EQ(report->figures.fast_eager[1], 0.25);
+}
+
+TEST(SuiteStoreTest, SuiteNeedsProblemsAndAValidConfig) {
+  fs::path dir = fs::temp_directory_path() / ("ks_suite_store_" + std::to_string(getpid()));
+  auto s = store::LineageStore::Open((dir / "l.db").string());
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(SuiteRunner::Create(s->get(), {}, SearchConfig{}).status().code(), Code::kInvalidArgument);
+  SearchConfig bad;
+  bad.ideas = 0;
+  EXPECT_EQ(SuiteRunner::Create(s->get(), {"a.py"}, bad).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*s)->GetSuite(12345).status().code(), Code::kNotFound);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ks
