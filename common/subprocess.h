@@ -67,6 +67,8 @@ class ChildProcess {
   int stdin_fd() const { return in_.get(); }
   int stdout_fd() const { return out_.get(); }
   bool running() const { return pid_ > 0; }
+  // Closes our end of the child's stdin (the child reads EOF).
+  void CloseStdin() { in_.reset(); }
 
   // SIGKILL and reap. Returns the wait status description.
   std::string Kill();

@@ -1,5 +1,7 @@
 #include "evaluator/cuda_driver.h"
 
+#include <cstring>
+
 #include <dlfcn.h>
 
 #include <mutex>
@@ -143,6 +145,31 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     if (ptr_) (*CudaDriver::Get())->cuMemFree(ptr_);
     ptr_ = std::exchange(o.ptr_, 0);
     bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+StatusOr<IpcMapping> IpcMapping::Open(const std::string& handle) {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  CUipcMemHandle h;
+  if (handle.size() != sizeof h)
+    return InvalidArgument("a CUDA IPC handle has " + std::to_string(sizeof h) + " bytes, not " +
+                           std::to_string(handle.size()));
+  std::memcpy(&h, handle.data(), sizeof h);
+  IpcMapping m;
+  KS_RETURN_IF_ERROR(d->Check(d->cuIpcOpenMemHandle(&m.ptr_, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                              "cuIpcOpenMemHandle"));
+  return m;
+}
+
+IpcMapping::~IpcMapping() {
+  if (ptr_) (*CudaDriver::Get())->cuIpcCloseMemHandle(ptr_);
+}
+
+IpcMapping& IpcMapping::operator=(IpcMapping&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) (*CudaDriver::Get())->cuIpcCloseMemHandle(ptr_);
+    ptr_ = std::exchange(o.ptr_, 0);
   }
   return *this;
 }

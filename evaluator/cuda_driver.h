@@ -53,6 +53,24 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Device memory of another process, mapped in the current context from its
+// CUDA IPC handle (64 raw bytes of a CUipcMemHandle); unmapped on destruction.
+// Move-only.
+class IpcMapping {
+ public:
+  IpcMapping() = default;
+  static StatusOr<IpcMapping> Open(const std::string& handle);
+  ~IpcMapping();
+  IpcMapping(IpcMapping&& o) noexcept : ptr_(std::exchange(o.ptr_, 0)) {}
+  IpcMapping& operator=(IpcMapping&& o) noexcept;
+  IpcMapping(const IpcMapping&) = delete;
+  IpcMapping& operator=(const IpcMapping&) = delete;
+  CUdeviceptr get() const { return ptr_; }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+};
+
 // A loaded module; unloaded on destruction. Move-only.
 class Module {
  public:

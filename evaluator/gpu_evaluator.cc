@@ -279,6 +279,31 @@ Status GpuEvaluator::LoadTensor(const std::string& path, CUdeviceptr dst, uint64
   return Status::Ok();
 }
 
+StatusOr<CUdeviceptr> GpuEvaluator::ResidentTensorPtr(int set, const std::string& name, uint64_t bytes) {
+  KS_ASSIGN_OR_RETURN(ResidentTensor t, ref_.resident->At(set, name));
+  if (t.bytes != bytes)
+    return Internal("resident reference: '" + name + "' has " + std::to_string(t.bytes) + " bytes, expected " +
+                    std::to_string(bytes));
+  if (bytes == 0) return CUdeviceptr{0};
+  auto it = resident_maps_.find(t.handle);
+  if (it == resident_maps_.end()) {
+    auto m = IpcMapping::Open(t.handle);
+    if (!m.ok()) return m.status().WithContext("mapping the resident reference's '" + name + "'");
+    it = resident_maps_.emplace(t.handle, std::move(m).value()).first;
+  }
+  return it->second.get() + t.offset;
+}
+
+Status GpuEvaluator::FillTensor(int set, const std::string& name, CUdeviceptr dst, uint64_t bytes) {
+  if (ref_.resident) {
+    KS_ASSIGN_OR_RETURN(CUdeviceptr src, ResidentTensorPtr(set, name, bytes));
+    if (bytes == 0) return Status::Ok();
+    return d_->Check(d_->cuMemcpyDtoD(dst, src, bytes), "cuMemcpyDtoD");
+  }
+  KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(set, name));
+  return LoadTensor(path, dst, bytes);
+}
+
 Status GpuEvaluator::Setup() {
   KS_ASSIGN_OR_RETURN(d_, CudaDriver::Get());
   KS_ASSIGN_OR_RETURN(ctx_, PrimaryContext::Open(opts_.device));
@@ -337,21 +362,23 @@ Status GpuEvaluator::Setup() {
   for (const auto& o : outputs_)
     KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + o.guard_offset, kGuardByte, o.guard_bytes), "cuMemsetD8"));
   for (int s = 0; s < sets; ++s)
-    for (const auto& slot : set_inputs_[s]) {
-      KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(s, slot.name));
-      KS_RETURN_IF_ERROR(LoadTensor(path, arena_.get() + slot.offset, slot.bytes));
-    }
-  for (const auto& slot : params_) {
-    KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(0, slot.name));
-    KS_RETURN_IF_ERROR(LoadTensor(path, arena_.get() + slot.offset, slot.bytes));
-  }
+    for (const auto& slot : set_inputs_[s])
+      KS_RETURN_IF_ERROR(FillTensor(s, slot.name, arena_.get() + slot.offset, slot.bytes));
+  for (const auto& slot : params_) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, arena_.get() + slot.offset, slot.bytes));
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(pristine_.get(), arena_.get(), inputs_end_), "cuMemcpyDtoD"));
   for (auto& o : outputs_)
     for (int s = 0; s < sets; ++s) {
-      KS_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(o.bytes));
-      KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(s, o.spec->name));
-      KS_RETURN_IF_ERROR(LoadTensor(path, b.get(), o.bytes));
-      o.refs.push_back(std::move(b));
+      if (ref_.resident) {
+        // The reference outputs stay where the bridge computed them (mapped,
+        // never copied): a multi-GB output is not held twice on the GPU.
+        KS_ASSIGN_OR_RETURN(CUdeviceptr p, ResidentTensorPtr(s, o.spec->name, o.bytes));
+        o.refs.push_back(p);
+      } else {
+        KS_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Alloc(o.bytes));
+        KS_RETURN_IF_ERROR(FillTensor(s, o.spec->name, b.get(), o.bytes));
+        o.refs.push_back(b.get());
+        o.ref_buffers.push_back(std::move(b));
+      }
       KS_ASSIGN_OR_RETURN(double ss, ReferenceSumSquares(o, s));
       o.ref_rms.push_back(o.spec->numel() > 0 ? std::sqrt(ss / o.spec->numel()) : 0);
     }
@@ -532,7 +559,7 @@ bool NormRuleBroken(const OutputError& e) {
 
 StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set) {
   // The reference against itself: the sum of squares of its finite values.
-  CompareArgs a{o.refs[set].get(), o.refs[set].get(), static_cast<unsigned long long>(o.spec->numel()), 0, 0,
+  CompareArgs a{o.refs[set], o.refs[set], static_cast<unsigned long long>(o.spec->numel()), 0, 0,
                 INFINITY, 0, 0};
   PoisonPattern p;
   PoisonFor(o.spec->dtype, &p, &a.poison);
@@ -544,7 +571,7 @@ StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set)
 Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash) {
   const TensorSpec& t = *o.spec;
   Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
-  CompareArgs a{arena_.get() + o.offset, o.refs[set].get(), static_cast<unsigned long long>(t.numel()), tol.atol,
+  CompareArgs a{arena_.get() + o.offset, o.refs[set], static_cast<unsigned long long>(t.numel()), tol.atol,
                 tol.rtol, INFINITY, 0, 0};
   if (tol.large_rel > 0) {
     // "Not tiny" is relative to the output's RMS, so an honest kernel's
@@ -667,7 +694,7 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
         size_t es = DTypeSize(t.dtype);
         unsigned char got[8] = {}, want[8] = {};
         d_->cuMemcpyDtoH(got, arena_.get() + o.offset + e.first_mismatch * es, es);
-        d_->cuMemcpyDtoH(want, o.refs[set].get() + e.first_mismatch * es, es);
+        d_->cuMemcpyDtoH(want, o.refs[set] + e.first_mismatch * es, es);
         msg += "; first at index " + std::to_string(e.first_mismatch) + ": got " + Num(ElementAsDouble(t.dtype, got)) +
                ", expected " + Num(ElementAsDouble(t.dtype, want));
       }

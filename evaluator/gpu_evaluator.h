@@ -48,6 +48,7 @@
 // EvaluateBatch compiles in parallel internally.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,7 +119,8 @@ class GpuEvaluator : public CandidateEvaluator {
     uint64_t bytes = 0;
     uint64_t guard_offset = 0;       // right after the last byte: alignment padding is guard too
     uint64_t guard_bytes = 0;
-    std::vector<DeviceBuffer> refs;  // one per input set; trusted memory only
+    std::vector<CUdeviceptr> refs;   // one per input set; trusted memory only:
+    std::vector<DeviceBuffer> ref_buffers;  // ours (from files), or the resident bridge's (mapped)
     std::vector<double> ref_rms;     // per input set: RMS of the finite reference values
   };
   struct RunResult {
@@ -134,6 +136,10 @@ class GpuEvaluator : public CandidateEvaluator {
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
   Status Setup();
   Status LoadTensor(const std::string& path, CUdeviceptr dst, uint64_t bytes);
+  // Resident reference: tensor `name` of set `set` in the bridge's memory (mapped once per allocation).
+  StatusOr<CUdeviceptr> ResidentTensorPtr(int set, const std::string& name, uint64_t bytes);
+  // Copies tensor `name` of set `set` to dst: from its file, or from the resident bridge.
+  Status FillTensor(int set, const std::string& name, CUdeviceptr dst, uint64_t bytes);
   Status StartWorker();
   void StopWorker(const std::string& why);
   std::string TakeWorkerLog();
@@ -162,6 +168,7 @@ class GpuEvaluator : public CandidateEvaluator {
   CUfunction cmp_fn_[9] = {};
   CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
   DeviceBuffer arena_, pristine_, stats_;
+  std::map<std::string, IpcMapping> resident_maps_;  // by IPC handle: the resident bridge's allocations
   uint64_t inputs_end_ = 0;
   std::vector<std::vector<TensorSlot>> set_inputs_;  // per set
   std::vector<TensorSlot> params_;

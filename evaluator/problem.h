@@ -2,7 +2,8 @@
 // bridge (evaluator/reference/bridge.py, run with a python3 that has torch) is
 // the only code that executes a problem file; this module finds that python and
 // that script, runs it as a subprocess, and turns its JSON into a Signature or a
-// ReferenceData (reference inputs/parameters/outputs on disk, cached).
+// ReferenceData (reference inputs/parameters/outputs on disk, cached, or kept
+// on the GPU by a bridge process for a problem of several GB).
 //
 // Thread-safety: every function may be called from several threads; the python
 // probe is cached per process behind a mutex. Concurrent PrepareReference calls
@@ -12,11 +13,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/subprocess.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 
@@ -83,6 +86,47 @@ struct ReferenceOptions {
   // copies and the reference outputs (the caller measures it; 0 = no limit).
   // With the cache cap, it bounds the sets actually prepared (at least 2).
   uint64_t device_budget = 0;
+  // Where the reference lives on a GPU (device cuda):
+  //  - files (the bounded disk cache above) for small problems;
+  //  - resident, for problems whose sets hold at least resident_min_bytes:
+  //    the bridge computes on the GPU and keeps inputs, parameters and outputs
+  //    there, and the evaluator maps them (CUDA IPC). Nothing multi-GB is
+  //    written; only the manifest with the timings is cached (a second
+  //    evaluation skips timing eager and torch.compile).
+  // The default is $KS_RESIDENT_MIN_BYTES, else 1 GiB; 0 = always resident
+  // on a GPU; UINT64_MAX = never.
+  std::optional<uint64_t> resident_min_bytes;
+};
+
+// A tensor of a resident reference: where it lives in the bridge process's
+// device memory (the CUDA IPC handle of its allocation, base64, and its offset).
+struct ResidentTensor {
+  std::string handle;  // 64 raw bytes of a CUipcMemHandle; empty when bytes == 0
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// The bridge process holding a resident reference (bridge.py reference
+// --resident). It holds the tensors until this object dies (closing its stdin
+// ends it; it is killed if it does not). Shared by every copy of the
+// ReferenceData that names it; whoever maps its tensors must unmap them first.
+class ResidentReference {
+ public:
+  ResidentReference(ChildProcess bridge, std::vector<std::map<std::string, ResidentTensor>> sets)
+      : bridge_(std::move(bridge)), sets_(std::move(sets)) {}
+  ~ResidentReference();
+  ResidentReference(const ResidentReference&) = delete;
+  ResidentReference& operator=(const ResidentReference&) = delete;
+
+  // Tensor `name` of input set `set` (parameters are named in every set).
+  StatusOr<ResidentTensor> At(int set, const std::string& name) const;
+  // Whether the bridge still runs (it must, while its tensors are mapped).
+  bool Alive();
+  pid_t pid() const { return bridge_.pid(); }
+
+ private:
+  ChildProcess bridge_;
+  std::vector<std::map<std::string, ResidentTensor>> sets_;
 };
 
 // One input set: every tensor's name (inputs, parameters, outputs) -> absolute
@@ -112,6 +156,9 @@ struct ReferenceData {
   // generation, forward, writing files, eager and torch.compile timing). Empty
   // phases of the bridge on a cache hit: only "cache lookup".
   std::vector<std::pair<std::string, double>> phases;
+  // Set when the reference is resident on the GPU (ReferenceOptions): the
+  // tensors are in this bridge process, not in files (dir is empty).
+  std::shared_ptr<ResidentReference> resident;
 
   // Absolute path of tensor `name` in input set `set`.
   StatusOr<std::string> FilePath(int set, const std::string& name) const;

@@ -69,6 +69,11 @@ Status JobManager::Cancel(int64_t search_id) {
     if (it != queue_.end()) {
       queue_.erase(it);
     } else if (auto r = running_.find(search_id); r != running_.end()) {
+      // The runner records the end itself, a moment before its job returns:
+      // a search that already ended is not cancelled after the fact.
+      if (IsTerminal(row.status))
+        return FailedPrecondition("search " + std::to_string(search_id) + " already ended (" +
+                                  store::SearchStatusName(row.status) + ")");
       r->second->cancel_requested = true;
       r->second->stop = true;
       return Status::Ok();  // RunJob marks it cancelled when the runner returns
@@ -120,7 +125,7 @@ void JobManager::RunJob(const std::shared_ptr<Job>& job) {
   auto row = store_->GetSearch(id);
   store::SearchStatus now = row.ok() ? row->status : store::SearchStatus::kRunning;
   Status mark;
-  if (cancelled) {
+  if (cancelled && !(now == store::SearchStatus::kFinished || now == store::SearchStatus::kFailed)) {
     mark = store_->SetSearchStatus(id, store::SearchStatus::kCancelled, "cancelled");
   } else if (shutting_down && now != store::SearchStatus::kFinished && now != store::SearchStatus::kFailed) {
     // Interrupted, not ended (the runner may have called our stop a cancel):

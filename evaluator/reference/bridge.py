@@ -14,6 +14,12 @@ problem prints goes to stderr so it cannot corrupt that object):
   reference PROBLEM.py --out DIR --sets K --seed S [--device D] [--time]
       reference inputs, parameters and outputs as raw little-endian bytes, and
       DIR/manifest.json (written last, atomically); prints the manifest.
+  reference PROBLEM.py --resident --sets K --seed S --device cuda [--time]
+      the same data kept on the GPU in this process, not written anywhere: the
+      manifest's sets name each tensor's CUDA IPC handle, offset and size, for
+      the evaluator to map (a multi-GB problem needs no disk and no copy
+      through the host). After printing the manifest the bridge holds the
+      tensors until its stdin is closed, then exits.
   check PROBLEM.py [--sets K] [--seed S] [--device D]
       {"warnings": [...]}: outputs that would let a wrong kernel pass.
   peaks [--index I] [--n N] [--runs R]
@@ -796,10 +802,104 @@ def check_deterministic(problem, model, snapshot, set_seed, device, first):
                        "deterministic (e.g. model.eval(), or draw the randomness in get_inputs())" % cause)
 
 
-def run_reference(problem, out_dir, sets, seed, device_name, do_time):
-    """Builds the model, runs K input sets, writes them when out_dir is given.
+def _with_scalars(problem, specs, tensors):
+    """The argument list of forward: kept tensors, and scalar inputs from the signature."""
+    out, it = [], iter(tensors)
+    for spec in specs:
+        out.append(next(it) if spec["kind"] == "tensor" else spec["value"])
+    return out
 
-    Returns the manifest dict (without "files" when out_dir is None).
+
+def _keep_inputs_pristine(problem, specs, kept, prints, i, set_seed, device):
+    """Resident mode: set i's kept inputs must be what the reference saw. When
+    forward changed one in place, the set is generated again from its seed (and
+    must give the same bytes as the first time)."""
+    if all(_fingerprint(t) == p for t, p in zip(kept[i], prints[i])):
+        return
+    fresh = [v.contiguous() for spec, v in zip(specs, problem.inputs(set_seed, device)) if spec["kind"] == "tensor"]
+    if [_fingerprint(t) for t in fresh] != prints[i]:
+        raise problem.fail("inputs_vary", "forward() changes its inputs in place, and get_inputs() does not give "
+                           "the same tensors again for seed %d: the reference cannot be kept" % set_seed)
+    kept[i] = fresh
+
+
+class _Resident:
+    """Tensors kept on the GPU for the evaluator to map (reference --resident).
+
+    Nothing is written: each tensor stays alive here, and the manifest names it
+    by the CUDA IPC handle of its allocation and its offset in it. The driver is
+    called through ctypes: the IPC handle of an allocation of torch's caching
+    allocator, whatever torch's version.
+    """
+
+    def __init__(self):
+        import ctypes
+        self._ct = ctypes
+        try:
+            self._cuda = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise BridgeError("device_error", "--resident needs the CUDA driver (libcuda.so.1): %s" % e)
+        self.tensors = []   # kept alive until the bridge exits
+        self._handles = {}  # allocation base -> base64 IPC handle
+
+    def _call(self, name, *args):
+        rc = getattr(self._cuda, name)(*args)
+        if rc != 0:
+            raise BridgeError("device_error", "%s failed with CUDA error %d while exporting the reference "
+                              "(is PYTORCH_CUDA_ALLOC_CONF asking for expandable segments? they cannot be "
+                              "shared)" % (name, rc))
+
+    def export(self, t):
+        """Keeps t (contiguous) and returns {"handle", "offset", "bytes"}."""
+        import base64
+        t = t.detach().contiguous()
+        nbytes = t.numel() * t.element_size()
+        self.tensors.append(t)
+        if nbytes == 0:
+            return {"handle": "", "offset": 0, "bytes": 0}
+        ct = self._ct
+        ptr = t.data_ptr()
+        base, size = ct.c_uint64(0), ct.c_size_t(0)
+        self._call("cuMemGetAddressRange_v2", ct.byref(base), ct.byref(size), ct.c_uint64(ptr))
+        if base.value not in self._handles:
+            handle = (ct.c_char * 64)()
+            self._call("cuIpcGetMemHandle", handle, ct.c_uint64(base.value))
+            self._handles[base.value] = base64.b64encode(handle.raw).decode()
+        return {"handle": self._handles[base.value], "offset": ptr - base.value, "bytes": nbytes}
+
+
+def _fingerprint(t):
+    """A cheap digest of t's bytes computed where t lives (chunked: no copy of a
+    multi-GB tensor): tells whether forward changed an input in place."""
+    import torch
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return (0, 0)
+    b = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)
+    total, weighted = 0, 0
+    step = CHUNK_ELEMENTS * 4
+    for i in range(0, b.numel(), step):
+        c = b[i:i + step].to(torch.int64)
+        w = torch.arange(i, i + c.numel(), device=c.device, dtype=torch.int64) % 65521 + 1
+        total += int(c.sum())
+        weighted = (weighted + int((c * w).sum())) % (1 << 61)
+    return (total, weighted)
+
+
+def _same_data(a, b):
+    """Digests (file mode: SHA-1 strings) or kept tensors (resident mode) compare equal."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    import torch
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None):
+    """Builds the model, runs K input sets, writes them when out_dir is given,
+    or keeps them on the GPU when `resident` (a _Resident) is given.
+
+    Returns the manifest dict (without "files" when out_dir is None; with "ipc"
+    per set when resident).
     """
     import torch
     if sets < 1:
@@ -823,6 +923,12 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     phase("model build")  # the state before any forward: given to the candidate, restored per set
 
     files_params = {}
+    ipc_params = {}
+    if resident is not None:
+        if device.type != "cuda":
+            raise BridgeError("bad_arguments", "--resident keeps the reference on a GPU: it needs --device cuda")
+        for k, v in snapshot.items():
+            ipc_params[k] = resident.export(v)
     if out_dir is not None:
         os.makedirs(os.path.join(out_dir, "params"), exist_ok=True)
         # Written before any forward: a forward that updates buffers (BatchNorm in
@@ -838,6 +944,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
     scalars = {}
     manifest_sets = []
     input_hashes, output_hashes = [], []
+    input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
     timing_sets, kept_bytes = [], 0
     for i in range(sets):
         set_seed = seed + 1 + i
@@ -859,15 +966,23 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
             os.makedirs(set_dir, exist_ok=True)
         files = dict(files_params)
         hashes = []
-        # Inputs are written before forward runs, in case forward changes them in place.
+        prints = []
+        # Inputs are written before forward runs, in case forward changes them in
+        # place; kept ones are fingerprinted for the same reason.
         for spec, v in zip(specs, inputs):
             if spec["kind"] != "tensor":
+                continue
+            if resident is not None:
+                v = v.contiguous()
+                hashes.append(v)
+                prints.append(_fingerprint(v))
                 continue
             path = os.path.join(set_dir, spec["name"] + ".bin") if set_dir else None
             hashes.append(store_tensor(v, path))
             if path:
                 files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
         input_hashes.append(hashes)
+        input_prints.append(prints)
         phase("writing files")
 
         _restore_state(model, snapshot)
@@ -891,6 +1006,9 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
                 warnings.add((name, key), msg, i)
             for key, msg in near_degenerate_notes(name, st):
                 notes.add((name, key), msg, i)
+            if resident is not None:
+                ohashes.append(t.detach().contiguous())
+                continue
             path = os.path.join(set_dir, name + ".bin") if set_dir else None
             ohashes.append(store_tensor(t, path))
             if path:
@@ -899,6 +1017,12 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         phase("writing files")  # with the degenerate-output statistics
         del outputs
         manifest_sets.append({"seed": set_seed, "files": files})
+        if resident is not None:
+            _keep_inputs_pristine(problem, specs, input_hashes, input_prints, i, set_seed, device)
+            phase("input fingerprints")
+            timing_sets.append(input_hashes[i] if len(timing_sets) < 2 else None)
+            del inputs
+            continue
 
         if do_time and device.type == "cuda":
             nbytes = sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))
@@ -908,14 +1032,15 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         del inputs
 
     if sets > 1:
-        if all(h == input_hashes[0] for h in input_hashes[1:]):
+        if all(len(h) == len(input_hashes[0]) and all(_same_data(a, b) for a, b in zip(h, input_hashes[0]))
+               for h in input_hashes[1:]):
             if input_hashes[0]:
                 warnings.add_plain("get_inputs() returns the same tensors for seeds %d..%d: the input sets do "
                                    "not differ (does it draw from torch's random generator?)"
                                    % (seed + 1, seed + sets))
         else:
             for j, spec in enumerate(sig_outputs):
-                if all(h[j] == output_hashes[0][j] for h in output_hashes[1:]):
+                if all(_same_data(h[j], output_hashes[0][j]) for h in output_hashes[1:]):
                     warnings.add_plain("output '%s' is identical for all %d input sets although the inputs differ: "
                                        "it does not depend on the inputs" % (spec["name"], sets))
 
@@ -924,12 +1049,31 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time):
         import timing as ks_timing
         _restore_state(model, snapshot)
         phase("writing files")
+        if resident is not None:
+            # The kept inputs themselves, with the scalars in their places.
+            timing_sets = [_with_scalars(problem, sig_inputs, t) for t in timing_sets if t is not None]
         eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
         clock[0] = time.monotonic()
         timing = {"eager": eager, "compiled": compiled}
         for w in timing_warnings:
             warnings.add_plain(w)
     del timing_sets
+    if resident is not None:
+        # Timing ran forward on the kept inputs: they must still be the ones the
+        # reference outputs were computed from.
+        for i in range(sets):
+            _keep_inputs_pristine(problem, sig_inputs, input_hashes, input_prints, i, seed + 1 + i, device)
+        torch.cuda.empty_cache()
+        names = [spec["name"] for spec in sig_inputs if spec["kind"] == "tensor"]
+        for i, entry in enumerate(manifest_sets):
+            ipc = dict(ipc_params)
+            for name, t in zip(names, input_hashes[i]):
+                ipc[name] = resident.export(t)
+            for spec, t in zip(sig_outputs, output_hashes[i]):
+                ipc[spec["name"]] = resident.export(t)
+            entry["ipc"] = ipc
+        del input_hashes, output_hashes
+        phase("export (CUDA IPC)")
 
     manifest = {
         "signature": make_signature(problem, sig_inputs, params, sig_outputs),
@@ -957,12 +1101,33 @@ def write_manifest(out_dir, manifest):
     os.replace(tmp, path)
 
 
+_RESIDENT = None  # reference --resident: what the evaluator maps, alive until stdin closes
+
+
 def cmd_reference(problem, args):
+    global _RESIDENT
+    if args.resident:
+        if args.out:
+            raise BridgeError("bad_arguments", "reference takes --out DIR or --resident, not both")
+        _RESIDENT = _Resident()
+        return run_reference(problem, None, args.sets, args.seed, args.device, args.time, resident=_RESIDENT)
     if not args.out:
-        raise BridgeError("bad_arguments", "reference needs --out DIR")
+        raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident)")
     manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
     write_manifest(args.out, manifest)
     return manifest
+
+
+def hold_resident():
+    """After the manifest: keep the tensors until the caller closes our stdin
+    (it has copied or mapped them; it is also how the caller ends us)."""
+    if _RESIDENT is None:
+        return
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
 
 
 def cmd_check(problem, args):
@@ -1008,6 +1173,7 @@ def _parser():
         if name == "reference":
             s.add_argument("--out")
             s.add_argument("--time", action="store_true")
+            s.add_argument("--resident", action="store_true")
     s = sub.add_parser("peaks")
     s.add_argument("--index", type=int, default=0)
     s.add_argument("--n", type=int, default=8192)
@@ -1047,7 +1213,9 @@ def main(argv):
         problem = Problem(args.problem).load()
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check}[args.command](
             problem, args)
-        return emit(result, 0)
+        code = emit(result, 0)
+        hold_resident()
+        return code
     except BridgeError as e:
         return emit({"error": {"kind": e.kind, "message": e.message, "detail": e.detail}}, EXIT_BAD_PROBLEM)
     except OSError as e:

@@ -3,7 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <stdlib.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "common/files.h"
 #include "tests/evaluator/gpu_test_util.h"
@@ -231,6 +235,70 @@ extern "C" __global__ void __launch_bounds__(128) scale(const float* x, float* o
   EXPECT_EQ((*r)[0].status, EvalStatus::kLaunchError) << (*r)[0].message;
   EXPECT_THAT((*r)[0].message, HasSubstr("CUDA_ERROR"));
   EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
+}
+
+// Issue 12: a reference can stay on the GPU in the bridge process (CUDA IPC):
+// nothing but a small manifest is written, the evaluator maps the bridge's
+// tensors, a right kernel passes and a wrong one fails as with files, a second
+// preparation takes its timings from the cache, and the bridge ends with the
+// last user of the reference.
+TEST(GpuEvalTest, AResidentReferenceIsMappedNotWritten) {
+  KS_REQUIRE_GPU();
+  namespace fs = std::filesystem;
+  std::string tmpl = ::testing::TempDir() + "/ks_resident_XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  ASSERT_NE(mkdtemp(buf.data()), nullptr);
+  const std::string cache = buf.data();
+  ReferenceOptions ro;
+  ro.sets = 2;
+  ro.device = "cuda";
+  ro.time = true;
+  ro.cache_dir = cache;
+  ro.resident_min_bytes = 0;  // resident whatever the size
+  pid_t bridge_pid = 0;
+  {
+    auto ref = PrepareReference(GpuFixture("softmax_small.py"), ro);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    ASSERT_NE(ref->resident, nullptr);
+    bridge_pid = ref->resident->pid();
+    EXPECT_TRUE(ref->resident->Alive());
+    EXPECT_TRUE(ref->dir.empty());
+    EXPECT_TRUE(ref->eager.has_value());
+    uint64_t written = 0;
+    for (const auto& e : fs::recursive_directory_iterator(cache))
+      if (e.is_regular_file()) {
+        EXPECT_NE(e.path().extension(), ".bin") << e.path();
+        written += e.file_size();
+      }
+    EXPECT_LT(written, 64u * 1024) << "only the manifest is cached";
+    GpuEvaluatorOptions go;
+    go.run_timeout_s = 3;
+    go.target_timed_ms = 300;
+    auto ev = GpuEvaluator::Create(*ref, go);
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    Evaluation good = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1]"));
+    EXPECT_EQ(good.status, EvalStatus::kCorrect) << good.message;
+    Evaluation bad = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1] - 1"));
+    EXPECT_EQ(bad.status, EvalStatus::kIncorrect) << bad.message;
+    ASSERT_EQ(bad.errors.size(), 1u);
+    EXPECT_EQ(bad.errors[0].first_mismatch, 4095);
+
+    auto again = PrepareReference(GpuFixture("softmax_small.py"), ro);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    ASSERT_NE(again->resident, nullptr);
+    bool timing_cached = false;
+    for (const auto& [name, s] : again->phases) timing_cached |= name.find("from the cache") != std::string::npos;
+    EXPECT_TRUE(timing_cached);
+    ASSERT_TRUE(again->eager.has_value());
+    EXPECT_DOUBLE_EQ(again->eager->median_ms, ref->eager->median_ms);
+    std::printf("resident softmax: %.4f ms, eager %.4f ms; bridge pid %d\n", good.timing ? good.timing->median_ms : 0,
+                ref->eager->median_ms, static_cast<int>(bridge_pid));
+  }
+  // Evaluator and references gone: the bridge has exited and been reaped.
+  EXPECT_NE(kill(bridge_pid, 0), 0);
+  std::error_code ec;
+  fs::remove_all(cache, ec);
 }
 
 TEST(GpuEvalTest, AMultiGigabyteProblemRuns) {
