@@ -250,23 +250,14 @@ struct SetFit {
 // Disk: parameters once, inputs and outputs per set. Device (GpuEvaluator's
 // layout): the arena (every set's inputs, parameters, outputs) and the pristine
 // copy (inputs and parameters again), plus one reference copy of the outputs per set.
-// Resident (nothing on disk): the bridge keeps each set's inputs and outputs and
-// the parameters twice (the model's and the pre-forward copy), and the
-// evaluator's arena and pristine copy take inputs twice more, and the arena
-// one output; one more output is margin for what forward allocates (the
-// bridge's peaks, the determinism check and the timing, come before the
-// evaluator allocates and are below this total).
-SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget,
-               bool resident) {
+// (A resident reference's rule is fit_resident in bridge.py, which decides it.)
+SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget) {
   uint64_t in = 0, params = 0, out = 0;
   for (const auto& t : sig.inputs) if (!t.is_scalar) in += t.bytes();
   for (const auto& t : sig.parameters) if (!t.is_scalar) params += t.bytes();
   for (const auto& t : sig.outputs) if (!t.is_scalar) out += t.bytes();
-  auto disk = [&](int k) { return resident ? 0 : params + uint64_t(k) * (in + out); };
-  const uint64_t per_set_device = resident ? 3 * in + out : 2 * in + out;
-  auto device = [&](int k) {
-    return (resident ? 4 * params + 2 * out : 2 * params + out) + uint64_t(k) * per_set_device;
-  };
+  auto disk = [&](int k) { return params + uint64_t(k) * (in + out); };
+  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out); };
   const uint64_t disk_limit = std::min(cap, disk_available);
   SetFit f;
   for (int k = asked; k >= 1; --k) {
@@ -282,21 +273,10 @@ SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_avai
                                                                    : "may use only " + HumanBytes(disk_available) + " (free disk plus its own entries)");
     else
       f.why = std::to_string(k) + " set(s) need " + HumanBytes(device(k)) + " of GPU memory (" +
-              HumanBytes(per_set_device) + " per set: " +
-              (resident ? "the reference's inputs and outputs, the candidate's inputs and their pristine copy"
-                        : "inputs, their pristine copy, reference outputs") +
-              "), but " + HumanBytes(device_budget) + " is free";
+              HumanBytes(2 * in + out) + " per set: inputs, their pristine copy, reference outputs), but " +
+              HumanBytes(device_budget) + " is free";
   }
   return f;
-}
-
-// Bytes of one input set (inputs and outputs) and of the parameters.
-uint64_t ReferenceBytes(const Signature& sig, int sets) {
-  uint64_t per_set = 0, params = 0;
-  for (const auto& t : sig.inputs) if (!t.is_scalar) per_set += t.bytes();
-  for (const auto& t : sig.outputs) if (!t.is_scalar) per_set += t.bytes();
-  for (const auto& t : sig.parameters) if (!t.is_scalar) params += t.bytes();
-  return params + uint64_t(sets) * per_set;
 }
 
 uint64_t ResidentMinBytes(const ReferenceOptions& opts) {
@@ -518,7 +498,9 @@ StatusOr<std::string> ReadLine(int fd, double timeout_s, size_t max_bytes) {
 
 // bridge.py reference --resident: the bridge computes the reference on the
 // GPU and keeps it; its manifest names each tensor's IPC handle.
-// Returns the data and the bridge's manifest.
+// Returns the data and the bridge's manifest; or, when the bridge decided the
+// problem is too small to keep (--resident-min-bytes), data without
+// `resident` and its answer {"resident": false, "signature": ...}.
 StatusOr<std::pair<ReferenceData, json>> StartResidentBridge(const std::string& file,
                                                              const std::vector<std::string>& args,
                                                              const BridgeOptions& opts) {
@@ -554,6 +536,9 @@ StatusOr<std::pair<ReferenceData, json>> StartResidentBridge(const std::string& 
   json j = json::parse(*line, nullptr, /*allow_exceptions=*/false);
   KS_RETURN_IF_ERROR(BridgeErrorStatus(j, file, opts));
   if (!j.is_object()) return failure("an answer that is not JSON");
+  // Too small to keep on the GPU: the answer is the signature, and the bridge has ended.
+  if (j.contains("resident") && j["resident"].is_boolean() && !j["resident"].get<bool>())
+    return std::make_pair(ReferenceData{}, std::move(j));
   const std::string where = file + " (resident reference)";
   KS_ASSIGN_OR_RETURN(ReferenceData d, ReferenceFromManifest(j, where));
   std::vector<std::map<std::string, ResidentTensor>> sets;
@@ -684,13 +669,14 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     KS_ASSIGN_OR_RETURN(cap, DefaultCacheCap());
   }
   auto mark = std::chrono::steady_clock::now();
-  KS_ASSIGN_OR_RETURN(Signature sig, LoadProblemSignature(file, opts.bridge));
-  const double signature_s = Since(mark);
-  if (on_cuda && ReferenceBytes(sig, opts.sets) >= ResidentMinBytes(opts)) {
-    // Several GB: the reference stays on the GPU, in a bridge process.
-    const SetFit fit = FitSets(sig, opts.sets, UINT64_MAX, UINT64_MAX, opts.device_budget, true);
-    if (fit.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + fit.why);
-    const fs::path timing_dir = cache / (stem + "-" + key_for(true, "resident timing, sets " + std::to_string(fit.sets)));
+  std::optional<Signature> known_sig;
+  double signature_s = 0;
+  if (const uint64_t min_bytes = ResidentMinBytes(opts); on_cuda && min_bytes != UINT64_MAX) {
+    // The bridge infers the sizes itself (one torch import, not two) and keeps
+    // a reference of min_bytes or more on the GPU, with the sets that fit the
+    // device budget (fewer than 2: ResourceExhausted naming the figures).
+    // Only its timings are cached; a second evaluation reads them.
+    const fs::path timing_dir = cache / (stem + "-" + key_for(true, "resident timing"));
     std::optional<json> cached;
     if (opts.time && !opts.refresh) {
       if (auto text = ReadFile((timing_dir / "manifest.json").string(), 64u << 20); text.ok()) {
@@ -700,38 +686,49 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
           cached = t;
       }
     }
-    std::vector<std::string> args = {"reference", file, "--resident", "--sets", std::to_string(fit.sets),
-                                     "--seed", std::to_string(opts.seed), "--device", "cuda"};
+    std::vector<std::string> args = {"reference", file, "--resident", "--sets", std::to_string(opts.sets),
+                                     "--seed", std::to_string(opts.seed), "--device", "cuda",
+                                     "--resident-min-bytes", std::to_string(min_bytes),
+                                     "--device-budget", std::to_string(opts.device_budget)};
     if (opts.time && !cached) args.push_back("--time");
-    mark = std::chrono::steady_clock::now();
     KS_ASSIGN_OR_RETURN(auto made, StartResidentBridge(file, args, opts.bridge));
     const double bridge_s = Since(mark);
-    ReferenceData d = std::move(made.first);
-    if (fit.sets < opts.sets)
-      d.warnings.insert(d.warnings.begin(), "using " + std::to_string(fit.sets) + " of the " +
-                                                std::to_string(opts.sets) + " input sets asked for: " + fit.why);
-    d.phases.insert(d.phases.begin(), {{"signature for the sizes (python, shape inference)", signature_s},
-                                       {"bridge process until the reference is on the GPU (phases below)", bridge_s}});
-    if (cached) {
-      auto from = ReferenceFromManifest(*cached, timing_dir.string());
-      if (from.ok()) {
-        d.eager = from->eager;
-        d.compiled = from->compiled;
-        d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
-        TouchCacheEntry(timing_dir.string());
+    if (!made.first.resident) {
+      auto sig = SignatureFromJson(made.second["signature"]);
+      if (!sig.ok()) return Internal(file + ": the reference bridge returned a bad signature: " + sig.status().message());
+      known_sig = std::move(sig).value();
+      signature_s = bridge_s;
+    } else {
+      ReferenceData d = std::move(made.first);
+      d.phases.insert(d.phases.begin(),
+                      {"bridge process until the reference is on the GPU (phases below; sizes by shape inference)",
+                       bridge_s});
+      if (cached) {
+        auto from = ReferenceFromManifest(*cached, timing_dir.string());
+        if (from.ok()) {
+          d.eager = from->eager;
+          d.compiled = from->compiled;
+          d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
+          TouchCacheEntry(timing_dir.string());
+        }
+      } else if (opts.time && d.eager) {
+        // Only the manifest (kilobytes) is cached; a failure to cache costs a re-timing later, nothing else.
+        std::vector<std::string> evicted;
+        if (MakeRoom(cache.string(), 1 << 20, cap, "", &evicted).ok() &&
+            WriteTimingEntry(cache, timing_dir, stem, std::move(made.second)).ok())
+          d.evicted = std::move(evicted);
       }
-    } else if (opts.time && d.eager) {
-      // Only the manifest (kilobytes) is cached; a failure to cache costs a re-timing later, nothing else.
-      std::vector<std::string> evicted;
-      if (MakeRoom(cache.string(), 1 << 20, cap, "", &evicted).ok() &&
-          WriteTimingEntry(cache, timing_dir, stem, std::move(made.second)).ok())
-        d.evicted = std::move(evicted);
+      return adopt(std::move(d));
     }
-    return adopt(std::move(d));
   }
+  if (!known_sig) {
+    KS_ASSIGN_OR_RETURN(known_sig, LoadProblemSignature(file, opts.bridge));
+    signature_s = Since(mark);
+  }
+  const Signature& sig = *known_sig;
   KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(cache.string()));
   KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(cache.string()));
-  const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget, false);
+  const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
   if (fit.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + fit.why);
   std::vector<std::string> warnings;
   if (fit.sets < opts.sets)

@@ -1104,13 +1104,81 @@ def write_manifest(out_dir, manifest):
 _RESIDENT = None  # reference --resident: what the evaluator maps, alive until stdin closes
 
 
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "int8": 1,
+                "uint8": 1, "bool": 1}
+
+
+def _spec_bytes(specs):
+    total = 0
+    for spec in specs:
+        if spec.get("kind", "tensor") != "tensor":
+            continue
+        n = 1
+        for d in spec["shape"]:
+            n *= d
+        total += n * _DTYPE_BYTES.get(spec["dtype"], 8)
+    return total
+
+
+def _human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+
+
+def fit_resident(sig, asked, budget):
+    """How many input sets a resident reference may have on `budget` bytes of
+    GPU memory (0 = no limit): the bridge keeps each set's inputs and outputs
+    and the parameters twice (the model's and the pre-forward copy); the
+    evaluator's arena and pristine copy take the inputs twice more and the
+    arena one output; one more output is margin for what forward allocates.
+    Returns (sets, why) with why naming the limit when sets < asked."""
+    inp, out, par = _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"]), _spec_bytes(sig["parameters"])
+    per_set = 3 * inp + out
+
+    def need(k):
+        return 4 * par + 2 * out + k * per_set
+
+    sets = 0
+    for k in range(asked, 0, -1):
+        if budget == 0 or need(k) <= budget:
+            sets = k
+            break
+    why = ""
+    if sets < asked:
+        k = sets + 1
+        why = ("%d set(s) need %s of GPU memory (%s per set: the reference's inputs and outputs, the candidate's "
+               "inputs and their pristine copy), but %s is free" % (k, _human(need(k)), _human(per_set),
+                                                                   _human(budget)))
+    return sets, why
+
+
 def cmd_reference(problem, args):
     global _RESIDENT
     if args.resident:
         if args.out:
             raise BridgeError("bad_arguments", "reference takes --out DIR or --resident, not both")
+        sets, warning = args.sets, None
+        if args.resident_min_bytes is not None or args.device_budget:
+            # The caller has no signature yet: shape inference here, in the
+            # process that has torch imported already, decides.
+            sig = cmd_signature(problem, args)
+            total = _spec_bytes(sig["parameters"]) + args.sets * (_spec_bytes(sig["inputs"]) +
+                                                                  _spec_bytes(sig["outputs"]))
+            if args.resident_min_bytes is not None and total < args.resident_min_bytes:
+                return {"resident": False, "signature": sig}
+            sets, why = fit_resident(sig, args.sets, args.device_budget)
+            if sets < min(args.sets, 2):
+                raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
+            if sets < args.sets:
+                warning = "using %d of the %d input sets asked for: %s" % (sets, args.sets, why)
         _RESIDENT = _Resident()
-        return run_reference(problem, None, args.sets, args.seed, args.device, args.time, resident=_RESIDENT)
+        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT)
+        manifest["resident"] = True
+        if warning:
+            manifest["warnings"].insert(0, warning)
+        return manifest
     if not args.out:
         raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident)")
     manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
@@ -1174,6 +1242,8 @@ def _parser():
             s.add_argument("--out")
             s.add_argument("--time", action="store_true")
             s.add_argument("--resident", action="store_true")
+            s.add_argument("--resident-min-bytes", type=int, default=None)
+            s.add_argument("--device-budget", type=int, default=0)
     s = sub.add_parser("peaks")
     s.add_argument("--index", type=int, default=0)
     s.add_argument("--n", type=int, default=8192)
