@@ -915,6 +915,13 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         clock[0] = now
 
     device = resolve_device(problem, device_name)
+    # Reference outputs in full fp32: cuDNN convolutions default to TF32 on
+    # Ampere and later, whose 10-bit mantissa would make an exact fp32 kernel
+    # look wrong. PyTorch's defaults come back for the eager and torch.compile
+    # timing, so that the speed baseline is what users run.
+    tf32_defaults = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     model = problem.build_model(seed, device)
     params = parameter_specs(problem, model)
     snapshot = _state_snapshot(model)
@@ -1047,6 +1054,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     timing = {"eager": None, "compiled": None}
     if do_time and device.type == "cuda":
         import timing as ks_timing
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
         _restore_state(model, snapshot)
         phase("writing files")
         if resident is not None:
