@@ -26,7 +26,7 @@
 #include "common/status.h"
 #include "evaluator/kernel_info.h"
 #include "evaluator/launch_plan.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 

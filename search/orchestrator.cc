@@ -14,9 +14,9 @@
 
 #include "common/files.h"
 #include "search/kernel_bank.h"
-#include "search/llm/prompts.h"
-#include "search/llm/response_parser.h"
-#include "search/store/candidate_hash.h"
+#include "search/prompts.h"
+#include "search/response_parser.h"
+#include "store/candidate_hash.h"
 
 namespace ks {
 

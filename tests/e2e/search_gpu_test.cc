@@ -15,7 +15,7 @@
 #include "common/subprocess.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "tests/search/export_check.h"
 
 namespace ks {

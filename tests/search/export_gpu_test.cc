@@ -16,7 +16,7 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "tests/search/store_fill.h"
 #include "tests/search/export_check.h"
 #include "tests/search/export_kernels.h"

@@ -21,7 +21,7 @@
 #include "evaluator/launch_plan.h"
 #include "search/export.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "tests/search/store_fill.h"
 #include "tests/search/export_kernels.h"
 

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/subprocess.h"
-#include "tests/search/fake_llm_server.h"
+#include "tests/llm/fake_llm_server.h"
 
 namespace ks {
 namespace {

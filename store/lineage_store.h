@@ -28,8 +28,8 @@
 
 #include "common/status.h"
 #include "evaluator/evaluation.h"
-#include "search/llm/llm_client.h"
-#include "search/store/sqlite_handle.h"
+#include "llm/llm_client.h"
+#include "store/sqlite_handle.h"
 
 namespace ks::store {
 
@@ -271,7 +271,7 @@ class LineageStore {
   StatusOr<LlmSpend> Spend(int64_t search_id);
   StatusOr<int64_t> FailedLlmCalls(int64_t search_id);
 
-  // Device facts (search/llm/prompts.h GpuFacts as JSON) a GPU node measured,
+  // Device facts (search/prompts.h GpuFacts as JSON) a GPU node measured,
   // by GPU name and optionally the search it evaluated for. Latest wins.
   Status PutGpuFacts(const std::string& name, const std::string& facts_json, std::optional<int64_t> search_id);
   StatusOr<std::optional<std::string>> LatestGpuFacts(const std::string& name);

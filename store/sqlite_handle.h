@@ -1,6 +1,6 @@
 // RAII for the SQLite C handles the lineage store uses, and the one place where an
 // sqlite result code becomes a Status (with the caller's context and
-// sqlite3_errmsg). Internal to search/store.
+// sqlite3_errmsg). Internal to store/.
 #pragma once
 
 #include <sqlite3.h>

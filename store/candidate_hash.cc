@@ -1,4 +1,4 @@
-#include "search/store/candidate_hash.h"
+#include "store/candidate_hash.h"
 
 #include <cctype>
 

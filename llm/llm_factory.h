@@ -18,7 +18,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "search/llm/llm_client.h"
+#include "llm/llm_client.h"
 
 namespace ks {
 

@@ -1,10 +1,10 @@
-#include "search/llm/command_client.h"
+#include "llm/command_client.h"
 
 #include <chrono>
 
 #include "common/subprocess.h"
-#include "search/llm/concurrency_limiter.h"
-#include "search/llm/http_client.h"
+#include "llm/concurrency_limiter.h"
+#include "llm/http_client.h"
 
 namespace ks {
 namespace {

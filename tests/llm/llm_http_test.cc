@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <thread>
 
-#include "search/llm/llm_factory.h"
-#include "search/llm/response_parser.h"
-#include "tests/search/fake_llm_server.h"
+#include "llm/llm_factory.h"
+#include "search/response_parser.h"
+#include "tests/llm/fake_llm_server.h"
 
 namespace ks {
 namespace {

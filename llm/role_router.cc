@@ -1,4 +1,4 @@
-#include "search/llm/role_router.h"
+#include "llm/role_router.h"
 
 namespace ks {
 

@@ -1,4 +1,4 @@
-#include "search/llm/http_backend.h"
+#include "llm/http_backend.h"
 
 #include <algorithm>
 #include <chrono>

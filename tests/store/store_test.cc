@@ -1,4 +1,4 @@
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 #include <sqlite3.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "search/store/candidate_hash.h"
+#include "store/candidate_hash.h"
 
 namespace ks::store {
 namespace {

@@ -1,4 +1,4 @@
-#include "search/llm/transcript.h"
+#include "llm/transcript.h"
 
 #include <cerrno>
 #include <chrono>

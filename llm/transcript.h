@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "search/llm/llm_client.h"
-#include "search/llm/llm_factory.h"
+#include "llm/llm_client.h"
+#include "llm/llm_factory.h"
 
 namespace ks {
 

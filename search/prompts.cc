@@ -1,4 +1,4 @@
-#include "search/llm/prompts.h"
+#include "search/prompts.h"
 
 #include <fmt/format.h>
 

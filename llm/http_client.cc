@@ -1,4 +1,4 @@
-#include "search/llm/http_client.h"
+#include "llm/http_client.h"
 
 #include <curl/curl.h>
 #include <strings.h>

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "search/llm/llm_client.h"
+#include "llm/llm_client.h"
 
 namespace ks {
 

@@ -1,9 +1,9 @@
-#include "search/llm/llm_factory.h"
+#include "llm/llm_factory.h"
 
-#include "search/llm/command_client.h"
-#include "search/llm/http_backend.h"
-#include "search/llm/role_router.h"
-#include "search/llm/transcript.h"
+#include "llm/command_client.h"
+#include "llm/http_backend.h"
+#include "llm/role_router.h"
+#include "llm/transcript.h"
 
 namespace ks {
 namespace {

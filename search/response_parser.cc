@@ -1,4 +1,4 @@
-#include "search/llm/response_parser.h"
+#include "search/response_parser.h"
 
 #include <nlohmann/json.hpp>
 

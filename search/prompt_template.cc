@@ -1,4 +1,4 @@
-#include "search/llm/prompt_template.h"
+#include "search/prompt_template.h"
 
 #include <unistd.h>
 

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "search/llm/llm_client.h"
-#include "search/llm/llm_factory.h"
+#include "llm/llm_client.h"
+#include "llm/llm_factory.h"
 
 namespace ks {
 

@@ -11,10 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "search/llm/concurrency_limiter.h"
-#include "search/llm/http_client.h"
-#include "search/llm/llm_client.h"
-#include "search/llm/llm_factory.h"
+#include "llm/concurrency_limiter.h"
+#include "llm/http_client.h"
+#include "llm/llm_client.h"
+#include "llm/llm_factory.h"
 
 namespace ks {
 

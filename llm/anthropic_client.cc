@@ -1,6 +1,6 @@
 // Anthropic Messages API: POST {base}/v1/messages with x-api-key and
 // anthropic-version headers.
-#include "search/llm/http_backend.h"
+#include "llm/http_backend.h"
 
 namespace ks {
 namespace {

@@ -12,8 +12,8 @@
 #include "common/status.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
-#include "search/llm/llm_client.h"
-#include "search/llm/prompt_template.h"
+#include "llm/llm_client.h"
+#include "search/prompt_template.h"
 
 namespace ks {
 

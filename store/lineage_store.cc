@@ -1,4 +1,4 @@
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
-#include "search/store/candidate_hash.h"
+#include "store/candidate_hash.h"
 
 namespace ks::store {
 namespace {

@@ -1,6 +1,6 @@
 // OpenAI-compatible chat completions: POST {base}/chat/completions. The same
 // wire format is served by vLLM, llama.cpp's server and Ollama (base .../v1).
-#include "search/llm/http_backend.h"
+#include "llm/http_backend.h"
 
 namespace ks {
 namespace {

@@ -9,10 +9,10 @@
 #include <filesystem>
 
 #include "common/files.h"
-#include "search/llm/llm_factory.h"
-#include "search/llm/role_router.h"
-#include "search/llm/transcript.h"
-#include "tests/search/fake_llm_server.h"
+#include "llm/llm_factory.h"
+#include "llm/role_router.h"
+#include "llm/transcript.h"
+#include "tests/llm/fake_llm_server.h"
 
 namespace ks {
 namespace {
