@@ -49,17 +49,15 @@ class ExportTest : public ::testing::Test {
   }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // Runs python3 on a script; its stdout.
+  // Runs python3 on a script of tests/export/; its stdout.
   std::string Python(const std::string& script, const std::vector<std::string>& args = {}) {
     auto python = FindOnPath("python3");
     if (!python) {
       ADD_FAILURE() << "python3 not on PATH";
       return "";
     }
-    std::string path = Path("script.py");
-    EXPECT_TRUE(WriteFile(path, script).ok());
     SubprocessOptions o;
-    o.argv = {*python, path};
+    o.argv = {*python, std::string(KS_SOURCE_DIR) + "/tests/export/" + script};
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.timeout_s = 120;
     auto r = RunSubprocess(o);
@@ -172,20 +170,7 @@ int ExportTest::CompareWithPython(const Signature& sig, const std::vector<PlanCa
   }
   EXPECT_TRUE(WriteFile(Path("cases.json"), input.dump()).ok());
   EXPECT_TRUE(WriteFile(Path("signature.json"), SignatureToJson(sig).dump()).ok());
-  std::string out = Python(R"PY(
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import ks_launch_plan as lp
-cases = json.load(open(sys.argv[2]))
-env = lp.env_from_signature(json.load(open(sys.argv[3])))
-results = []
-for c in cases:
-    try:
-        results.append({"ok": lp.resolve_plan(json.loads(c["plan"]), c["kernels"], env)})
-    except lp.PlanError as e:
-        results.append({"error": str(e)})
-print(json.dumps(results))
-)PY",
+  std::string out = Python("resolve_plans.py",
                               {ExportDir(), Path("cases.json"), Path("signature.json")});
   json got = json::parse(out, nullptr, false);
   EXPECT_TRUE(got.is_array()) << out;
@@ -406,17 +391,7 @@ TEST_F(ExportTest, PythonPlanRulesAgreeOnGeneratedPlans) {
 
 // At call time expressions follow the call's tensors, not the signature.
 TEST_F(ExportTest, PythonPlanRulesFollowTheCallsShapes) {
-  std::string out = Python(R"PY(
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import ks_launch_plan as lp
-env = lp.Env()
-for name, shape in (("x", (1000, 1024)), ("ln.weight", (1024,)), ("ln.bias", (1024,)), ("out", (1000, 1024))):
-    env.add_tensor(name, shape)
-r = lp.resolve_plan(json.loads(sys.argv[2]), {"row_stats": ["b64", "b64", "b32", "f32"],
-                    "normalize": ["b64", "b64", "b64", "b64", "b64", "b64", "b32"]}, env)
-print(json.dumps(r))
-)PY",
+  std::string out = Python("resolve_at_shapes.py",
                            {ExportDir(), testing::kLayerNormPlan});
   json r = json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
@@ -470,19 +445,7 @@ TEST_F(ExportCliTest, TheModuleEmbedsWhatTheEvaluatorSees) {
   EXPECT_EQ(*ReadFile(Path("out/kernel.cu")), testing::kLayerNormSource);
   EXPECT_EQ(*ReadFile(Path("out/ks_launch_plan.py")), *ReadFile(ExportDir() + "/ks_launch_plan.py"));
   // The constants, read without importing (no torch here).
-  std::string out = Python(R"PY(
-import ast, json, sys
-tree = ast.parse(open(sys.argv[1]).read())
-consts = {}
-for node in tree.body:
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-        v = node.value
-        if isinstance(v, ast.Call) and getattr(v.func, "attr", "") == "loads":
-            consts[node.targets[0].id] = json.loads(ast.literal_eval(v.args[0]))
-        elif isinstance(v, ast.Constant):
-            consts[node.targets[0].id] = v.value
-print(json.dumps(consts))
-)PY",
+  std::string out = Python("module_constants.py",
                            {Path("out/kernel_module.py")});
   json m = json::parse(out, nullptr, false);
   ASSERT_TRUE(m.is_object()) << out;
