@@ -232,8 +232,9 @@ Status Orchestrator::SearchRun::MarkInterrupted() {
   return Status::Ok();
 }
 
-StatusOr<std::optional<std::string>> Orchestrator::SearchRun::Call(const RenderedPrompt& prompt, const std::string& role,
-                                          const std::string& slot, bool first_pass, bool* refused) {
+StatusOr<std::optional<std::string>> Orchestrator::SearchRun::Call(const RenderedPrompt& prompt,
+                                                                  const std::string& role, const std::string& slot,
+                                                                  bool first_pass, bool* refused) {
   LlmRequest request = prompt.ToRequest(role);
   std::string hash = store::PromptHash(role, request.system, request.prompt);
   KS_ASSIGN_OR_RETURN(auto found, store_->FindFinishedLlmCall(search_id_, role, hash, slot));
