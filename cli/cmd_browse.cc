@@ -9,7 +9,7 @@
 #include "common/files.h"
 #include "evaluator/launch_profile.h"
 #include "search/export.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks::cli {
 namespace {

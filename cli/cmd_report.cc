@@ -5,7 +5,7 @@
 #include "cli/cli.h"
 #include "common/files.h"
 #include "search/report.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks::cli {
 namespace {

@@ -20,7 +20,7 @@
 #include "search/search_config.h"
 #include "search/suite.h"
 #include "evaluator/cuda_driver.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks::cli {
 namespace {

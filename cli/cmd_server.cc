@@ -9,8 +9,8 @@
 #include "cli/cli.h"
 #include "cli/llm_flags.h"
 #include "evaluator/problem.h"
-#include "search/llm/prompt_template.h"
-#include "search/store/lineage_store.h"
+#include "search/prompt_template.h"
+#include "store/lineage_store.h"
 #include "server/orchestrator_runner.h"
 #include "server/server.h"
 

@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/status.h"
-#include "search/llm/llm_factory.h"
+#include "llm/llm_factory.h"
 
 namespace ks::cli {
 

@@ -2,7 +2,7 @@
 # Packages kernelsearch for a GPU machine that lacks our Debian libraries:
 # dist/bin (kernelsearch, ks-worker, gpu test binaries), dist/lib (the ldd closure
 # minus glibc, libstdc++, libgcc, libcuda and libnvrtc, which the target has),
-# dist/share/kernelsearch (bridge, prompts, problems). Binaries find dist/lib by
+# dist/share/kernelsearch (bridge, prompts, problems, export). Binaries find dist/lib by
 # their RPATH ($ORIGIN/../lib) and NVRTC in /usr/local/cuda/lib64.
 # Usage: scripts/package_device.sh [build-dir]   (writes ./dist, git-ignored)
 set -euo pipefail
@@ -29,6 +29,6 @@ for b in "$dist"/bin/*; do
 done
 strip --strip-unneeded "$dist"/lib/* 2>/dev/null || true
 cp -r "$root/evaluator/reference" "$dist/share/kernelsearch/reference"
-cp -r "$root/prompts" "$root/problems" "$dist/share/kernelsearch/"
+cp -r "$root/prompts" "$root/problems" "$root/export" "$dist/share/kernelsearch/"
 find "$dist" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$dist"

@@ -13,6 +13,7 @@ packages=(
   libspdlog-dev nlohmann-json3-dev libcurl4-openssl-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libcpp-httplib-dev
   python3 python3-torch python3-numpy
+  python3-pytest  # tests/export: the exported module's Python, tested as Python
   chromium  # the report test loads `kernelsearch report` pages in headless Chromium
 )
 missing=()

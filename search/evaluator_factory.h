@@ -4,7 +4,7 @@
 //   "fake" / "fake:FILE"   ScriptedEvaluator (scripted_evaluator.h), for tests
 //
 // Besides the evaluator, a search wants to know what the prompts should say
-// about the GPU (search/llm/prompts.h GpuFacts): evaluators that stand for a
+// about the GPU (search/prompts.h GpuFacts): evaluators that stand for a
 // real device report it here, once, when they are made. The facts are fixed in
 // the search's config when it is created (search_config.h), so that a split
 // search renders the same prompts on a machine without the GPU.
@@ -18,7 +18,7 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
 #include "evaluator/problem.h"
-#include "search/llm/prompts.h"
+#include "search/prompts.h"
 
 namespace ks {
 

@@ -14,10 +14,16 @@
 // evaluator's rules (ks_launch_plan.py, a Python mirror of
 // evaluator/launch_plan.cc; tests compare the two).
 //
+// The Python is real files, export/kernel_module.py (a template) and
+// export/ks_launch_plan.py (copied as it is), installed as data in
+// share/kernelsearch/export/ and found with FindDataFile, like the reference
+// bridge; tests/export/ tests them with pytest.
+//
 // Pure functions of the store's contents; thread-safe as the store is.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,7 +32,7 @@
 #include "common/status.h"
 #include "evaluator/kernel_info.h"
 #include "evaluator/launch_plan.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 
@@ -67,7 +73,14 @@ nlohmann::json KernelParamKindsJson(const std::vector<KernelInfo>& kernels);
 //  "scratch": [{"name", "bytes"}]}
 nlohmann::json ResolvedPlanToJson(const ResolvedPlan& plan);
 
-// The text of ks_launch_plan.py (no torch needed to import it).
-const char* LaunchPlanPython();
+// The text of export/ks_launch_plan.py (no torch needed to import it).
+StatusOr<std::string> LaunchPlanPython();
+
+// Fills export/kernel_module.py's placeholders with `values`, in one pass (a
+// value may hold "@@"): "@@NAME@@" in double quotes becomes a Python string
+// literal holding the value (so the template stays valid Python); a bare
+// @@NAME@@, in the docstring, the value with quotes, backslashes and newlines
+// blanked. Internal when a placeholder has no value.
+StatusOr<std::string> RenderModuleTemplate(const std::string& text, const std::map<std::string, std::string>& values);
 
 }  // namespace ks

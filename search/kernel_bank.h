@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "search/llm/prompts.h"
-#include "search/store/lineage_store.h"
+#include "search/prompts.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 

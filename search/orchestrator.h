@@ -37,10 +37,10 @@
 
 #include "common/status.h"
 #include "evaluator/evaluator_api.h"
-#include "search/llm/llm_client.h"
-#include "search/llm/prompt_template.h"
+#include "llm/llm_client.h"
+#include "search/prompt_template.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 

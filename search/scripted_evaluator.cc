@@ -10,7 +10,7 @@
 
 #include "common/files.h"
 #include "search/search_config.h"
-#include "search/store/candidate_hash.h"
+#include "store/candidate_hash.h"
 
 namespace ks {
 namespace {

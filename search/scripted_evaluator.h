@@ -22,7 +22,7 @@
 
 #include "common/status.h"
 #include "evaluator/evaluator_api.h"
-#include "search/llm/prompts.h"
+#include "search/prompts.h"
 
 namespace ks {
 

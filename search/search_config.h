@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "search/llm/prompts.h"
+#include "search/prompts.h"
 
 namespace ks {
 

@@ -39,11 +39,11 @@
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 #include "search/evaluator_factory.h"
-#include "search/llm/llm_client.h"
-#include "search/llm/prompt_template.h"
+#include "llm/llm_client.h"
+#include "search/prompt_template.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 

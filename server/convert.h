@@ -9,7 +9,7 @@
 #include "evaluator/signature.h"
 #include "proto/kernelsearch.pb.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks::server {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "server/search_runner.h"
 
 namespace ks::server {

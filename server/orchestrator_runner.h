@@ -14,9 +14,9 @@
 
 #include "evaluator/evaluator_api.h"
 #include "search/evaluator_factory.h"
-#include "search/llm/llm_factory.h"
-#include "search/llm/prompt_template.h"
-#include "search/store/lineage_store.h"
+#include "llm/llm_factory.h"
+#include "search/prompt_template.h"
+#include "store/lineage_store.h"
 #include "server/search_runner.h"
 
 namespace ks::server {

@@ -12,7 +12,7 @@
 #include "evaluator/evaluator_api.h"
 #include "evaluator/signature.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "server/limits.h"
 #include "server/search_runner.h"
 

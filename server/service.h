@@ -18,7 +18,7 @@
 #include "evaluator/signature.h"
 #include "proto/kernelsearch.grpc.pb.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/limits.h"

@@ -25,7 +25,7 @@
 
 #include "common/status.h"
 #include "proto/kernelsearch.pb.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks::server {
 

@@ -32,7 +32,7 @@
 #include "common/files.h"
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 namespace {

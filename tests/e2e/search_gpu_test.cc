@@ -15,7 +15,7 @@
 #include "common/subprocess.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "tests/search/export_check.h"
 
 namespace ks {
@@ -80,9 +80,8 @@ TEST(SearchGpuTest, TwoRoundSoftmaxSearchBeatsEagerAndItsExportMatches) {
   ASSERT_TRUE(exported->Succeeded()) << exported->Describe() << "\n" << exported->err;
   auto python = ResolvePython();
   ASSERT_TRUE(python.ok()) << python.status().ToString();
-  ASSERT_TRUE(WriteFile((dir / "check.py").string(), testing::kExportCheckPy).ok());
   SubprocessOptions check;
-  check.argv = {python->python, (dir / "check.py").string(), out, "[[2048, 4096]]", "1e-4", "1e-4"};
+  check.argv = {python->python, testing::ExportCheckScript(), out, "[[2048, 4096]]", "1e-4", "1e-4"};
   check.timeout_s = 300;
   auto r = RunSubprocess(check);
   ASSERT_TRUE(r.ok());

@@ -11,7 +11,7 @@
 
 #include "common/files.h"
 #include "evaluator/problem.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
 

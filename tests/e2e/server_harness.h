@@ -22,7 +22,7 @@
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "server/client.h"
 
 namespace ks::e2e {

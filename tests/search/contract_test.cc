@@ -7,8 +7,8 @@
 
 #include "common/files.h"
 #include "evaluator/launch_plan.h"
-#include "search/llm/prompt_template.h"
-#include "search/llm/prompts.h"
+#include "search/prompt_template.h"
+#include "search/prompts.h"
 
 namespace ks {
 namespace {

@@ -16,7 +16,7 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "tests/search/store_fill.h"
 #include "tests/search/export_check.h"
 #include "tests/search/export_kernels.h"
@@ -60,7 +60,7 @@ class ExportGpuTest : public ::testing::Test {
     return testing::StoreCorrectSeed(store->get(), p, source, plan, "test GPU", 1.5);
   }
 
-  // Exports candidate `id` with the real binary and runs kExportCheckPy on it.
+  // Exports candidate `id` with the real binary and runs tests/export/check_module.py on it.
   void ExportAndCompare(int64_t id, const std::string& shapes, double atol, double rtol) {
     ASSERT_GT(id, 0);
     const std::string out = Path("export_" + std::to_string(id));
@@ -74,9 +74,8 @@ class ExportGpuTest : public ::testing::Test {
     auto python = ResolvePython();
     ASSERT_TRUE(python.ok()) << python.status().ToString();
     ASSERT_TRUE(python->cuda) << python->python << " has torch " << python->torch_version << " without CUDA";
-    ASSERT_TRUE(WriteFile(Path("check.py"), testing::kExportCheckPy).ok());
     SubprocessOptions run;
-    run.argv = {python->python, Path("check.py"), out, shapes, std::to_string(atol), std::to_string(rtol)};
+    run.argv = {python->python, testing::ExportCheckScript(), out, shapes, std::to_string(atol), std::to_string(rtol)};
     run.timeout_s = 300;
     auto r = RunSubprocess(run);
     ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <random>
 #include <regex>
 #include <string>
 #include <vector>
@@ -19,9 +21,10 @@
 #include "common/subprocess.h"
 #include "evaluator/compiler.h"
 #include "evaluator/launch_plan.h"
+#include "evaluator/problem.h"
 #include "search/export.h"
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 #include "tests/search/store_fill.h"
 #include "tests/search/export_kernels.h"
 
@@ -29,6 +32,8 @@ namespace ks {
 namespace {
 
 using json = nlohmann::json;
+
+struct PlanCase;
 
 class ExportTest : public ::testing::Test {
  protected:
@@ -44,17 +49,15 @@ class ExportTest : public ::testing::Test {
   }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // Runs python3 on a script; its stdout.
+  // Runs python3 on a script of tests/export/; its stdout.
   std::string Python(const std::string& script, const std::vector<std::string>& args = {}) {
     auto python = FindOnPath("python3");
     if (!python) {
       ADD_FAILURE() << "python3 not on PATH";
       return "";
     }
-    std::string path = Path("script.py");
-    EXPECT_TRUE(WriteFile(path, script).ok());
     SubprocessOptions o;
-    o.argv = {*python, path};
+    o.argv = {*python, std::string(KS_SOURCE_DIR) + "/tests/export/" + script};
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.timeout_s = 120;
     auto r = RunSubprocess(o);
@@ -63,6 +66,16 @@ class ExportTest : public ::testing::Test {
     EXPECT_TRUE(r->Succeeded()) << r->Describe() << "\n" << r->err;
     return r->out;
   }
+
+  // The folder of the real export/ks_launch_plan.py, found as `kernelsearch
+  // export` finds it.
+  std::string ExportDir() {
+    auto path = FindDataFile("export/ks_launch_plan.py");
+    EXPECT_TRUE(path.ok()) << path.status().ToString();
+    return path.ok() ? std::filesystem::path(*path).parent_path().string() : "";
+  }
+
+  int CompareWithPython(const Signature& sig, const std::vector<PlanCase>& cases);
 
   std::filesystem::path dir_;
 };
@@ -78,6 +91,33 @@ TEST(ExportNvrtcTest, PreludeAndOptionsAreTheEvaluators) {
   bool pre_includes = false;
   for (const auto& o : NvrtcBaseOptions()) pre_includes |= o == std::string("--pre-include=") + kNvrtcPreludeName;
   EXPECT_TRUE(pre_includes);
+}
+
+// ---- the module template ----
+
+TEST(ExportTemplateTest, QuotedPlaceholdersBecomeLiteralsAndBareOnesText) {
+  auto r = RenderModuleTemplate("\"\"\"candidate @@ID@@ (@@WHAT@@)\"\"\"\nSOURCE = \"@@SOURCE@@\"\nX = json.loads(\"@@X@@\")\n",
+                                {{"ID", "7"}, {"WHAT", "a \"quoted\"\\ name\n"}, {"SOURCE", "int a = \"@@ID@@\";\n"},
+                                 {"X", "[1, 2]"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "\"\"\"candidate 7 (a  quoted   name )\"\"\"\nSOURCE = \"int a = \\\"@@ID@@\\\";\\n\"\n"
+                "X = json.loads(\"[1, 2]\")\n");
+  EXPECT_EQ(RenderModuleTemplate("A = \"@@NOPE@@\"", {}).status().code(), Code::kInternal);
+  EXPECT_EQ(RenderModuleTemplate("A = \"@@OPEN", {}).status().code(), Code::kInternal);
+}
+
+TEST(ExportTemplateTest, TheRealTemplateIsFilledEverywhere) {
+  auto path = FindDataFile("export/kernel_module.py");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  std::string text = *ReadFile(*path);
+  std::map<std::string, std::string> values;
+  for (const char* k : {"ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED",
+                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME"})
+    values[k] = "v";
+  auto r = RenderModuleTemplate(text, values);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->find("@@"), std::string::npos);
+  EXPECT_TRUE(LaunchPlanPython().ok());
 }
 
 // ---- the launch-plan rules in Python against the evaluator's ----
@@ -105,13 +145,57 @@ PlanCase OneLaunch(std::vector<ParamKind> kinds, const std::string& args, const 
           {Kernel("k", std::move(kinds))}};
 }
 
-TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
+// The names the plans below see: a tensor input, an int and a float scalar, a
+// parameter and an output.
+Signature PlanSignature() {
   Signature sig;
   sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {8, 1000}, .strides = {1000, 1}});
   sig.inputs.push_back({.name = "n", .is_scalar = true, .dtype = DType::kInt64, .scalar_value = 7});
   sig.inputs.push_back({.name = "alpha", .is_scalar = true, .dtype = DType::kFloat32, .scalar_value = 0.5});
   sig.parameters.push_back({.name = "ln.weight", .dtype = DType::kFloat32, .shape = {1000}, .strides = {1}});
   sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {8, 1000}, .strides = {1000, 1}});
+  return sig;
+}
+
+// Resolves every case with the evaluator's ResolvePlan and with the real
+// export/ks_launch_plan.py, and expects the same answer: the same resolved plan,
+// or an error from both. Returns how many plans the evaluator accepted.
+int ExportTest::CompareWithPython(const Signature& sig, const std::vector<PlanCase>& cases) {
+  json input = json::array();
+  std::vector<std::optional<json>> want;
+  for (const auto& c : cases) {
+    auto plan = ResolvePlan(c.plan, sig, c.kernels, PlanLimits{});
+    want.push_back(plan.ok() ? std::optional<json>(ResolvedPlanToJson(*plan)) : std::nullopt);
+    input.push_back({{"plan", c.plan}, {"kernels", KernelParamKindsJson(c.kernels)}});
+  }
+  EXPECT_TRUE(WriteFile(Path("cases.json"), input.dump()).ok());
+  EXPECT_TRUE(WriteFile(Path("signature.json"), SignatureToJson(sig).dump()).ok());
+  std::string out = Python("resolve_plans.py",
+                              {ExportDir(), Path("cases.json"), Path("signature.json")});
+  json got = json::parse(out, nullptr, false);
+  EXPECT_TRUE(got.is_array()) << out;
+  if (!got.is_array() || got.size() != cases.size()) {
+    ADD_FAILURE() << "Python answered " << (got.is_array() ? got.size() : 0) << " of " << cases.size() << " cases";
+    return 0;
+  }
+  int accepted = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (want[i]) {
+      ++accepted;
+      EXPECT_TRUE(got[i].contains("ok")) << "case " << i << ": " << cases[i].plan << "\nPython: " << got[i].dump();
+      if (got[i].contains("ok")) {
+        EXPECT_EQ(got[i]["ok"], *want[i]) << "case " << i << ": " << cases[i].plan;
+      }
+    } else {
+      EXPECT_TRUE(got[i].contains("error")) << "case " << i << ": the evaluator refuses " << cases[i].plan
+                                            << "\nbut Python resolved it to " << got[i].dump();
+    }
+  }
+  return accepted;
+}
+
+TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
+  Signature sig = PlanSignature();
   using K = ParamKind;
   const auto b64 = K::kB64, b32 = K::kB32, f32 = K::kF32, f64 = K::kF64;
   std::vector<PlanCase> cases = {
@@ -171,64 +255,144 @@ TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
        {Kernel("a", {b64}), Kernel("b", {b64, b64})}},
   };
 
-  json input = json::array();
-  std::vector<std::optional<json>> want;
-  for (const auto& c : cases) {
-    auto plan = ResolvePlan(c.plan, sig, c.kernels, PlanLimits{});
-    want.push_back(plan.ok() ? std::optional<json>(ResolvedPlanToJson(*plan)) : std::nullopt);
-    input.push_back({{"plan", c.plan}, {"kernels", KernelParamKindsJson(c.kernels)}});
-  }
-  ASSERT_TRUE(WriteFile(Path("ks_launch_plan.py"), LaunchPlanPython()).ok());
-  ASSERT_TRUE(WriteFile(Path("cases.json"), input.dump()).ok());
-  ASSERT_TRUE(WriteFile(Path("signature.json"), SignatureToJson(sig).dump()).ok());
-  std::string out = Python(R"PY(
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import ks_launch_plan as lp
-cases = json.load(open(sys.argv[2]))
-env = lp.env_from_signature(json.load(open(sys.argv[3])))
-results = []
-for c in cases:
-    try:
-        results.append({"ok": lp.resolve_plan(json.loads(c["plan"]), c["kernels"], env)})
-    except lp.PlanError as e:
-        results.append({"error": str(e)})
-print(json.dumps(results))
-)PY",
-                           {dir_.string(), Path("cases.json"), Path("signature.json")});
-  json got = json::parse(out, nullptr, false);
-  ASSERT_TRUE(got.is_array()) << out;
-  ASSERT_EQ(got.size(), cases.size());
-  int accepted = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    if (want[i]) {
-      ++accepted;
-      ASSERT_TRUE(got[i].contains("ok")) << "case " << i << ": " << cases[i].plan << "\nPython: " << got[i].dump();
-      EXPECT_EQ(got[i]["ok"], *want[i]) << "case " << i << ": " << cases[i].plan;
-    } else {
-      EXPECT_TRUE(got[i].contains("error")) << "case " << i << ": the evaluator refuses " << cases[i].plan
-                                            << "\nbut Python resolved it to " << got[i].dump();
-    }
-  }
+  int accepted = CompareWithPython(sig, cases);
   EXPECT_GE(accepted, 10);  // the table exercises both outcomes
   EXPECT_LE(accepted, static_cast<int>(cases.size()) - 10);
 }
 
+// Random plans from a fixed seed: expressions built from every construct the
+// rules know (and some they refuse), in grids, blocks, shared memory, clusters,
+// scratch sizes and arguments of every parameter kind.
+class PlanGenerator {
+ public:
+  explicit PlanGenerator(uint32_t seed) : rng_(seed) {}
+
+  PlanCase Next() {
+    json plan;
+    std::vector<KernelInfo> kernels;
+    bool scratch = Chance(0.3);
+    if (scratch) plan["scratch"] = json::array({{{"name", "partial"}, {"bytes", IntField()}}});
+    int n = 1 + Pick(3);
+    plan["launches"] = json::array();
+    for (int l = 0; l < n; ++l) {
+      std::string name = "k" + std::to_string(l);
+      json launch = {{"kernel", name}, {"grid", Dims(true)}, {"block", Dims(false)}};
+      if (Chance(0.3)) launch["shared_bytes"] = SharedBytes();
+      if (Chance(0.1)) launch["cluster"] = json::array({1 + Pick(4), 1, 1});
+      std::vector<ParamKind> kinds;
+      json args = json::array();
+      for (int a = Pick(6); a > 0; --a) {
+        static const ParamKind kKinds[] = {ParamKind::kB64, ParamKind::kB64, ParamKind::kB32, ParamKind::kF32,
+                                           ParamKind::kF64};
+        kinds.push_back(kKinds[Pick(5)]);
+        args.push_back(Arg(scratch));
+      }
+      if (Chance(0.03)) args.push_back("x");  // one argument too many
+      launch["args"] = args;
+      plan["launches"].push_back(launch);
+      kernels.push_back(Kernel(name, kinds));
+    }
+    return {plan.dump(), kernels};
+  }
+
+ private:
+  int Pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
+  bool Chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+  std::string Space() { return Chance(0.2) ? " " : ""; }
+
+  std::string Atom() {
+    static const char* kAtoms[] = {"x.shape[0]", "x.shape[1]", "x.shape[-1]", "x.shape[-2]", "x.numel",
+                                   "ln.weight.numel", "out.shape[0]", "n", "ln.weight.shape[0]"};
+    static const char* kBad[] = {"alpha", "x", "y.numel", "x.shape[2]", "x.shape[-3]", "1.5", "9223372036854775808"};
+    switch (Pick(60)) {
+      case 0: return kBad[Pick(7)];
+      case 1: return std::to_string(std::uniform_int_distribution<int64_t>(0, INT64_MAX)(rng_));
+      default: return Chance(0.3) ? std::to_string(1 + Pick(2000)) : kAtoms[Pick(9)];
+    }
+  }
+
+  std::string Expr(int depth) {
+    if (depth <= 0 || Chance(0.35)) return Atom();
+    switch (Pick(6)) {
+      case 0: return "-" + Expr(depth - 1);
+      case 1: return "(" + Expr(depth - 1) + ")";
+      case 2: return "cdiv(" + Expr(depth - 1) + "," + Space() + Expr(depth - 1) + ")";
+      case 3: {
+        std::string f = Chance(0.5) ? "min(" : "max(";
+        f += Expr(depth - 1);
+        for (int i = Pick(3); i >= 0; --i) f += ", " + Expr(depth - 1);
+        return f + ")";
+      }
+      default: {
+        static const char* kOps[] = {"+", "-", "*", "/", "%"};
+        return Expr(depth - 1) + Space() + kOps[Pick(5)] + Space() + Expr(depth - 1);
+      }
+    }
+  }
+
+  // A grid dimension or scratch size: a JSON integer or an expression, most
+  // often one that a real plan would write.
+  json IntField() {
+    static const char* kUsual[] = {"x.shape[0]", "cdiv(x.numel, 256)", "cdiv(x.shape[1], 32)", "x.shape[0] * 8",
+                                   "max(1, n / 2)", "min(x.shape[-1], 65535)"};
+    switch (Pick(4)) {
+      case 0: return Pick(4096) - 8;
+      case 1: return Expr(2);
+      default: return kUsual[Pick(6)];
+    }
+  }
+
+  // The Python rules know no device, so no device limit on dynamic shared
+  // memory (the driver refuses too much at launch): sizes stay under the
+  // evaluator's default limit here.
+  json SharedBytes() {
+    static const char* kExprs[] = {"x.shape[1] * 4", "cdiv(x.numel, 8)", "n * 1024", "0 - 4", "alpha", "x.shape[9]"};
+    return Chance(0.5) ? json(Pick(65536) - 8) : json(kExprs[Pick(6)]);
+  }
+
+  json Dims(bool grid) {
+    if (grid) {
+      if (Chance(0.5)) return IntField();
+      json d = json::array();
+      for (int i = 1 + Pick(3); i > 0; --i) d.push_back(i == 1 || Chance(0.5) ? IntField() : json(1 + Pick(4)));
+      return d;
+    }
+    if (Chance(0.3)) return 32 * (1 + Pick(32));
+    json d = json::array({1 << Pick(11)});
+    for (int i = Pick(3); i > 0; --i) d.push_back(Chance(0.8) ? json(1 << Pick(4)) : IntField());
+    return d;
+  }
+
+  json Arg(bool scratch) {
+    static const char* kNames[] = {"x", "out", "ln.weight", "n", "alpha", "0.00001", "1e-5", "-2.5e3"};
+    switch (Pick(12)) {
+      case 0: return scratch ? json("partial") : json("x");
+      case 1: case 2: case 3: return kNames[Pick(8)];
+      case 4: return Pick(100000) - 50000;
+      case 5: {
+        static const double kFloats[] = {2.5, 1e-5, -0.125, 3.0};
+        return kFloats[Pick(4)];
+      }
+      default: return Expr(2);
+    }
+  }
+
+  std::mt19937 rng_;
+};
+
+TEST_F(ExportTest, PythonPlanRulesAgreeOnGeneratedPlans) {
+  PlanGenerator gen(20261123);
+  std::vector<PlanCase> cases;
+  for (int i = 0; i < 3000; ++i) cases.push_back(gen.Next());
+  int accepted = CompareWithPython(PlanSignature(), cases);
+  EXPECT_GE(accepted, 300);  // both outcomes, often
+  EXPECT_LE(accepted, static_cast<int>(cases.size()) - 300);
+}
+
 // At call time expressions follow the call's tensors, not the signature.
 TEST_F(ExportTest, PythonPlanRulesFollowTheCallsShapes) {
-  ASSERT_TRUE(WriteFile(Path("ks_launch_plan.py"), LaunchPlanPython()).ok());
-  std::string out = Python(R"PY(
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import ks_launch_plan as lp
-env = lp.Env()
-for name, shape in (("x", (1000, 1024)), ("ln.weight", (1024,)), ("ln.bias", (1024,)), ("out", (1000, 1024))):
-    env.add_tensor(name, shape)
-r = lp.resolve_plan(json.loads(sys.argv[2]), {"row_stats": ["b64", "b64", "b32", "f32"],
-                    "normalize": ["b64", "b64", "b64", "b64", "b64", "b64", "b32"]}, env)
-print(json.dumps(r))
-)PY",
-                           {dir_.string(), testing::kLayerNormPlan});
+  std::string out = Python("resolve_at_shapes.py",
+                           {ExportDir(), testing::kLayerNormPlan});
   json r = json::parse(out, nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
   EXPECT_EQ(r["scratch"], json::parse(R"([{"name": "stats", "bytes": 8000}])"));
@@ -279,20 +443,9 @@ TEST_F(ExportCliTest, TheModuleEmbedsWhatTheEvaluatorSees) {
   for (const char* f : {"kernel.cu", "plan.json", "problem.py", "ks_launch_plan.py", "kernel_module.py"})
     EXPECT_TRUE(std::filesystem::exists(Path("out/") + f)) << f;
   EXPECT_EQ(*ReadFile(Path("out/kernel.cu")), testing::kLayerNormSource);
+  EXPECT_EQ(*ReadFile(Path("out/ks_launch_plan.py")), *ReadFile(ExportDir() + "/ks_launch_plan.py"));
   // The constants, read without importing (no torch here).
-  std::string out = Python(R"PY(
-import ast, json, sys
-tree = ast.parse(open(sys.argv[1]).read())
-consts = {}
-for node in tree.body:
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-        v = node.value
-        if isinstance(v, ast.Call) and getattr(v.func, "attr", "") == "loads":
-            consts[node.targets[0].id] = json.loads(ast.literal_eval(v.args[0]))
-        elif isinstance(v, ast.Constant):
-            consts[node.targets[0].id] = v.value
-print(json.dumps(consts))
-)PY",
+  std::string out = Python("module_constants.py",
                            {Path("out/kernel_module.py")});
   json m = json::parse(out, nullptr, false);
   ASSERT_TRUE(m.is_object()) << out;

@@ -8,9 +8,9 @@
 
 #include "common/files.h"
 #include "search/kernel_bank.h"
-#include "search/llm/prompt_template.h"
-#include "search/llm/prompts.h"
-#include "search/llm/response_parser.h"
+#include "search/prompt_template.h"
+#include "search/prompts.h"
+#include "search/response_parser.h"
 
 namespace ks {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "common/files.h"
 #include "search/scripted_evaluator.h"
-#include "search/store/candidate_hash.h"
+#include "store/candidate_hash.h"
 
 namespace ks {
 namespace {

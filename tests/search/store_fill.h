@@ -7,7 +7,7 @@
 #include <string>
 
 #include "search/search_config.h"
-#include "search/store/lineage_store.h"
+#include "store/lineage_store.h"
 
 namespace ks::testing {
 

@@ -1,0 +1,425 @@
+"""Launch plans as kernelsearch's evaluator reads them (evaluator/launch_plan.cc),
+for an exported kernel: integer expressions evaluated against the shapes of one
+call's tensors, and each argument turned into what the kernel's parameter takes.
+
+Pure Python, no torch, so that tests can compare it with the evaluator. The
+rules, as in the evaluator:
+- expressions: integers, + - * / % (C semantics: / truncates toward zero, %
+  takes the dividend's sign), parentheses, unary minus, cdiv(a, b), min(...),
+  max(...), <tensor>.shape[i] (negative i counts from the end), <tensor>.numel,
+  integer scalar inputs by name; 64-bit overflow is an error;
+- an argument names a scratch buffer or a tensor (passed as a pointer; the
+  parameter must be 64-bit), a scalar input (its value), a float literal string
+  ("0.00001"), a JSON number, or an integer expression;
+- an integer goes into a 64-bit parameter as int64, a 32-bit one as int32 (it
+  must fit), a float/double parameter as that float; a float only into a
+  float/double parameter.
+"""
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+MAX_SCRATCH_BYTES = 16 << 30
+MAX_LAUNCHES = 64
+MAX_CLUSTER_SIZE = 16
+_GRID_MAX = (2147483647, 65535, 65535)
+_BLOCK_MAX = (1024, 1024, 64)
+_DIGITS = "0123456789"
+_ALPHA = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_SPACE = " \t\n\v\f\r"
+
+
+class PlanError(ValueError):
+    """The plan cannot run at these shapes (the evaluator's invalid_plan)."""
+
+
+class Env:
+    """The names a plan sees: inputs, then parameters, then outputs (the first
+    of a name wins, as in the evaluator's Signature::Find)."""
+
+    def __init__(self):
+        self._entries = {}
+
+    def add_tensor(self, name, shape):
+        self._entries.setdefault(name, ("tensor", tuple(int(d) for d in shape)))
+
+    def add_scalar(self, name, value, is_float):
+        self._entries.setdefault(name, ("scalar", value, bool(is_float)))
+
+    def find(self, name):
+        return self._entries.get(name)
+
+
+def _numel(entry):
+    n = 1
+    if entry[0] == "tensor":
+        for d in entry[1]:
+            n *= d
+    return n
+
+
+class _Expr:
+    def __init__(self, s, env):
+        self.s, self.env, self.pos = s, env, 0
+
+    def error(self, what):
+        return PlanError("expression '%s': %s at position %d" % (self.s, what, self.pos))
+
+    def ws(self):
+        while self.pos < len(self.s) and self.s[self.pos] in _SPACE:
+            self.pos += 1
+
+    def eat(self, c):
+        self.ws()
+        if self.pos < len(self.s) and self.s[self.pos] == c:
+            self.pos += 1
+            return True
+        return False
+
+    def checked(self, v):
+        if v > INT64_MAX or v < INT64_MIN:
+            raise self.error("integer overflow")
+        return v
+
+    def parse(self):
+        v = self.sum()
+        self.ws()
+        if self.pos != len(self.s):
+            raise self.error("unexpected '%s'" % self.s[self.pos])
+        return v
+
+    def sum(self):
+        v = self.product()
+        while True:
+            if self.eat("+"):
+                r = self.product()
+                v = self.checked(v + r)
+            elif self.eat("-"):
+                r = self.product()
+                v = self.checked(v - r)
+            else:
+                return v
+
+    def product(self):
+        v = self.unary()
+        while True:
+            if self.eat("*"):
+                op = "*"
+            elif self.eat("/"):
+                op = "/"
+            elif self.eat("%"):
+                op = "%"
+            else:
+                return v
+            r = self.unary()
+            if op == "*":
+                v = self.checked(v * r)
+            else:
+                if r == 0:
+                    raise self.error("division by zero")
+                q = abs(v) // abs(r)
+                if (v < 0) != (r < 0):
+                    q = -q
+                v = q if op == "/" else v - q * r
+
+    def unary(self):
+        if self.eat("-"):
+            return self.checked(-self.unary())
+        if self.eat("+"):
+            return self.unary()
+        return self.primary()
+
+    def primary(self):
+        self.ws()
+        if self.pos >= len(self.s):
+            raise self.error("unexpected end")
+        c = self.s[self.pos]
+        if c == "(":
+            self.pos += 1
+            v = self.sum()
+            if not self.eat(")"):
+                raise self.error("expected ')'")
+            return v
+        if c in _DIGITS:
+            v = 0
+            while self.pos < len(self.s) and self.s[self.pos] in _DIGITS:
+                v = v * 10 + _DIGITS.index(self.s[self.pos])
+                self.pos += 1
+                if v > INT64_MAX:
+                    raise self.error("integer literal too large")
+            if self.pos < len(self.s) and self.s[self.pos] in ".eE":
+                raise self.error("a float literal is not allowed in an integer expression")
+            return v
+        if c in _ALPHA or c == "_":
+            return self.name()
+        raise self.error("unexpected '%s'" % c)
+
+    def name(self):
+        start = self.pos
+        while self.pos < len(self.s) and (self.s[self.pos] in _ALPHA or self.s[self.pos] in _DIGITS or
+                                          self.s[self.pos] in "_."):
+            self.pos += 1
+        name = self.s[start:self.pos]
+        if name in ("cdiv", "min", "max"):
+            if not self.eat("("):
+                raise self.error("expected '(' after " + name)
+            args = [self.sum()]
+            while self.eat(","):
+                args.append(self.sum())
+            if not self.eat(")"):
+                raise self.error("expected ')' to close %s(" % name)
+            if name == "cdiv":
+                if len(args) != 2:
+                    raise self.error("cdiv takes two arguments")
+                if args[1] <= 0:
+                    raise self.error("cdiv by a non-positive number")
+                if args[0] < 0:
+                    raise self.error("cdiv of a negative number")
+                return args[0] // args[1] + (1 if args[0] % args[1] else 0)
+            return min(args) if name == "min" else max(args)
+        if len(name) > 6 and name.endswith(".numel"):
+            t = name[:-6]
+            entry = self.env.find(t)
+            if entry is None:
+                raise self.error("unknown tensor '%s'" % t)
+            return _numel(entry)
+        if len(name) > 6 and name.endswith(".shape"):
+            t = name[:-6]
+            entry = self.env.find(t)
+            if entry is None:
+                raise self.error("unknown tensor '%s'" % t)
+            if not self.eat("["):
+                raise self.error("expected '[' after .shape")
+            idx = self.sum()
+            if not self.eat("]"):
+                raise self.error("expected ']'")
+            shape = entry[1] if entry[0] == "tensor" else ()
+            if idx < 0:
+                idx += len(shape)
+            if idx < 0 or idx >= len(shape):
+                raise self.error("'%s' has %d dimensions; shape index out of range" % (t, len(shape)))
+            return shape[idx]
+        entry = self.env.find(name)
+        if entry is not None and entry[0] == "scalar":
+            if entry[2]:
+                raise self.error("scalar '%s' is a float, not an integer" % name)
+            return int(entry[1])
+        if entry is not None:
+            raise self.error("'%s' is a tensor; use %s.numel or %s.shape[i]" % (name, name, name))
+        raise self.error("unknown name '%s'" % name)
+
+
+def eval_int(expr, env):
+    """An integer expression's value (PlanError when it has none)."""
+    if len(expr) > 4096:
+        raise PlanError("expression longer than 4096 characters")
+    return _Expr(expr, env).parse()
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _field(v, env):
+    if _is_int(v):
+        return v
+    if isinstance(v, str):
+        return eval_int(v, env)
+    raise PlanError("expected an integer or an expression string, got %r" % (v,))
+
+
+def _dims(v, env, what):
+    if _is_int(v) or isinstance(v, str):
+        return [_field(v, env), 1, 1]
+    if not isinstance(v, list) or not v or len(v) > 3:
+        raise PlanError(what + " must be a list of 1 to 3 entries")
+    out = [1, 1, 1]
+    for i, x in enumerate(v):
+        try:
+            out[i] = _field(x, env)
+        except PlanError as e:
+            raise PlanError("%s[%d]: %s" % (what, i, e))
+    return out
+
+
+def looks_like_float(s):
+    if not s or not any(c in ".eE" for c in s):
+        return False
+    if any(c not in "0123456789.eE+-" for c in s):
+        return False
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _want_int(v, kind):
+    if kind == "b64":
+        return {"kind": "i64", "value": v}
+    if kind == "b32":
+        if v < -(1 << 31) or v > (1 << 32) - 1:
+            raise PlanError("value %d does not fit the kernel's 32-bit parameter" % v)
+        return {"kind": "i32", "value": v}
+    if kind == "f32":
+        return {"kind": "f32", "value": float(v)}
+    if kind == "f64":
+        return {"kind": "f64", "value": float(v)}
+    raise PlanError("the kernel's parameter is %s, which a plan argument cannot fill" % kind)
+
+
+def _want_float(v, kind):
+    if kind == "f32":
+        return {"kind": "f32", "value": float(v)}
+    if kind == "f64":
+        return {"kind": "f64", "value": float(v)}
+    raise PlanError("a float value for a %s parameter" % kind)
+
+
+def resolve_arg(a, kind, env, scratch):
+    """One argument for a parameter of `kind` ("b64", "b32", "f32", ...)."""
+    if isinstance(a, float):
+        return _want_float(a, kind)
+    if _is_int(a):
+        return _want_int(a, kind)
+    if not isinstance(a, str):
+        raise PlanError("argument must be a string or a number, got %r" % (a,))
+    if a in scratch:
+        if kind != "b64":
+            raise PlanError("scratch '%s' is a pointer but the kernel's parameter is %s" % (a, kind))
+        return {"kind": "scratch", "name": a}
+    entry = env.find(a)
+    if entry is not None:
+        if entry[0] == "scalar":
+            return _want_float(entry[1], kind) if entry[2] else _want_int(int(entry[1]), kind)
+        if kind != "b64":
+            raise PlanError("tensor '%s' is a pointer but the kernel's parameter is %s" % (a, kind))
+        return {"kind": "tensor", "name": a}
+    if looks_like_float(a):
+        return _want_float(float(a), kind)
+    return _want_int(eval_int(a, env), kind)
+
+
+def resolve_plan(plan, kernels, env):
+    """The plan's launches and scratch at the shapes in `env`.
+
+    kernels: {"name": [parameter kinds]} from the compiled PTX. Returns
+    {"launches": [{"kernel", "grid", "block", "shared", "cluster", "args"}],
+     "scratch": [{"name", "bytes"}]}; raises PlanError.
+    """
+    if not isinstance(plan, dict):
+        raise PlanError('launch plan must be a JSON object with "launches"')
+    for key in plan:
+        if key == "tensor_maps":
+            raise PlanError('launch plan: "tensor_maps" (TMA descriptors) is not supported by this evaluator yet')
+        if key not in ("launches", "scratch"):
+            raise PlanError('launch plan: unknown key "%s"' % key)
+    out = {"launches": [], "scratch": []}
+    scratch = set()
+    sc = plan.get("scratch", [])
+    if not isinstance(sc, list):
+        raise PlanError("scratch must be a list")
+    for i, s in enumerate(sc):
+        where = "scratch[%d]" % i
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str) or "bytes" not in s:
+            raise PlanError(where + ': needs "name" (string) and "bytes"')
+        name = s["name"]
+        where += " (%s)" % name
+        if env.find(name) is not None:
+            raise PlanError(where + ": name collides with a tensor of the signature")
+        if name in scratch:
+            raise PlanError(where + ": duplicate scratch name")
+        scratch.add(name)
+        try:
+            nbytes = _field(s["bytes"], env)
+        except PlanError as e:
+            raise PlanError("%s: bytes: %s" % (where, e))
+        if nbytes <= 0:
+            raise PlanError("%s: bytes must be positive, got %d" % (where, nbytes))
+        if nbytes > MAX_SCRATCH_BYTES:
+            raise PlanError("%s: %d bytes exceeds the scratch limit of %d" % (where, nbytes, MAX_SCRATCH_BYTES))
+        out["scratch"].append({"name": name, "bytes": nbytes})
+    launches = plan.get("launches")
+    if not isinstance(launches, list) or not launches:
+        raise PlanError('launch plan needs a non-empty "launches" list')
+    if len(launches) > MAX_LAUNCHES:
+        raise PlanError("launch plan has %d launches; the limit is %d" % (len(launches), MAX_LAUNCHES))
+    for li, l in enumerate(launches):
+        where = "launches[%d]" % li
+        if not isinstance(l, dict):
+            raise PlanError(where + ": must be an object")
+        for key in l:
+            if key not in ("kernel", "grid", "block", "shared_bytes", "args", "cluster"):
+                raise PlanError('%s: unknown key "%s"' % (where, key))
+        if not isinstance(l.get("kernel"), str):
+            raise PlanError(where + ': needs "kernel" (a name)')
+        kernel = l["kernel"]
+        where += " (%s)" % kernel
+        if kernel not in kernels:
+            raise PlanError(where + ': no extern "C" __global__ kernel of that name')
+        kinds = kernels[kernel]
+        if "grid" not in l:
+            raise PlanError(where + ': needs "grid"')
+        if "block" not in l:
+            raise PlanError(where + ': needs "block"')
+        try:
+            grid = _dims(l["grid"], env, "grid")
+            block = _dims(l["block"], env, "block")
+        except PlanError as e:
+            raise PlanError("%s: %s" % (where, e))
+        for d in range(3):
+            if not 1 <= grid[d] <= _GRID_MAX[d]:
+                raise PlanError("%s: grid.%s = %d is outside 1..%d" % (where, "xyz"[d], grid[d], _GRID_MAX[d]))
+            if not 1 <= block[d] <= _BLOCK_MAX[d]:
+                raise PlanError("%s: block.%s = %d is outside 1..%d" % (where, "xyz"[d], block[d], _BLOCK_MAX[d]))
+        if block[0] * block[1] * block[2] > 1024:
+            raise PlanError("%s: block has %d threads; at most 1024" % (where, block[0] * block[1] * block[2]))
+        shared = 0
+        if "shared_bytes" in l:
+            try:
+                shared = _field(l["shared_bytes"], env)
+            except PlanError as e:
+                raise PlanError("%s: shared_bytes: %s" % (where, e))
+        if shared < 0:
+            raise PlanError(where + ": shared_bytes is negative")
+        cluster = None
+        if "cluster" in l:
+            try:
+                cluster = _dims(l["cluster"], env, "cluster")
+            except PlanError as e:
+                raise PlanError("%s: %s" % (where, e))
+            size = 1
+            for d in range(3):
+                if cluster[d] < 1:
+                    raise PlanError(where + ": cluster dimensions must be positive")
+                if grid[d] % cluster[d] != 0:
+                    raise PlanError(where + ": grid is not a multiple of the cluster shape")
+                size *= cluster[d]
+            if size > MAX_CLUSTER_SIZE:
+                raise PlanError("%s: cluster of %d blocks; at most %d" % (where, size, MAX_CLUSTER_SIZE))
+        args = l.get("args", [])
+        if not isinstance(args, list):
+            raise PlanError(where + ': "args" must be a list')
+        if len(args) != len(kinds):
+            raise PlanError("%s: %d args given but the kernel takes %d parameters" % (where, len(args), len(kinds)))
+        resolved = []
+        for ai, a in enumerate(args):
+            try:
+                resolved.append(resolve_arg(a, kinds[ai], env, scratch))
+            except PlanError as e:
+                raise PlanError("%s: args[%d] %r: %s" % (where, ai, a, e))
+        out["launches"].append({"kernel": kernel, "grid": grid, "block": block, "shared": shared,
+                                "cluster": cluster, "args": resolved})
+    return out
+
+
+def env_from_signature(signature):
+    """The names of a signature (its JSON form) at its own shapes."""
+    env = Env()
+    for group in ("inputs", "parameters", "outputs"):
+        for spec in signature.get(group, []):
+            if spec.get("kind") == "scalar":
+                env.add_scalar(spec["name"], spec.get("value", 0), spec.get("dtype") in FLOAT_DTYPES)
+            else:
+                env.add_tensor(spec["name"], spec.get("shape", []))
+    return env

@@ -1,0 +1,79 @@
+#include "llm/command_client.h"
+
+#include <chrono>
+
+#include "common/subprocess.h"
+#include "llm/concurrency_limiter.h"
+#include "llm/http_client.h"
+
+namespace ks {
+namespace {
+
+class CommandClient final : public LlmClient {
+ public:
+  CommandClient(std::string command, LlmConfig config)
+      : command_(std::move(command)), config_(std::move(config)), limiter_(config_.concurrency) {}
+
+  StatusOr<std::string> Complete(const LlmRequest& request, LlmCallRecord* record) override {
+    auto start = std::chrono::steady_clock::now();
+    LlmCallRecord local;
+    LlmCallRecord* rec = record ? record : &local;
+    *rec = LlmCallRecord{};
+    rec->role = request.role;
+    rec->backend = "command";
+    rec->model = command_;
+    rec->system = request.system;
+    rec->prompt = request.prompt;
+    StatusOr<std::string> result = Run(request, rec);
+    rec->latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!result.ok()) {
+      rec->error = result.status().message();
+      return result.status();
+    }
+    rec->response = *result;
+    rec->finish_reason = "stop";
+    return result;
+  }
+
+  std::string Describe() const override { return "command:" + command_; }
+
+ private:
+  StatusOr<std::string> Run(const LlmRequest& request, LlmCallRecord* rec) {
+    CancelFlags flags = {request.cancel, config_.cancel};
+    ConcurrencyLimiter::Slot slot(&limiter_, flags);
+    if (!slot.acquired()) return Cancelled("cancelled while waiting for a free command slot");
+    SubprocessOptions opts;
+    opts.argv = {"/bin/sh", "-c", command_};
+    opts.stdin_data = request.prompt;
+    opts.timeout_s = config_.timeout_s;
+    opts.env = {
+        {"KS_LLM_ROLE", request.role},
+        {"KS_LLM_SYSTEM", request.system},
+        {"KS_LLM_MAX_TOKENS", std::to_string(config_.max_tokens.value_or(request.max_tokens))},
+        {"KS_LLM_TEMPERATURE", std::to_string(config_.temperature.value_or(request.temperature))},
+    };
+    ++rec->attempts;
+    KS_ASSIGN_OR_RETURN(SubprocessResult res, RunSubprocess(opts));
+    std::string what = "command '" + command_ + "'";
+    if (res.timed_out)
+      return DeadlineExceeded(what + " " + res.Describe() + " (limit " + std::to_string(config_.timeout_s) + " s)");
+    if (!res.Succeeded())
+      return Unavailable(what + " failed: " + res.Describe() + "; stderr: " + BodyExcerpt(res.err));
+    if (res.out.find_first_not_of(" \t\r\n") == std::string::npos)
+      return Unavailable(what + " wrote nothing on stdout; stderr: " + BodyExcerpt(res.err));
+    return std::move(res.out);
+  }
+
+  const std::string command_;
+  const LlmConfig config_;
+  ConcurrencyLimiter limiter_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LlmClient>> MakeCommandClient(const std::string& command, const LlmConfig& config) {
+  if (command.empty()) return InvalidArgument("command spec names no command (command:CMD)");
+  return std::unique_ptr<LlmClient>(new CommandClient(command, config));
+}
+
+}  // namespace ks

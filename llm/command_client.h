@@ -1,0 +1,20 @@
+// command:CMD: runs `/bin/sh -c CMD` once per call with the prompt on stdin and
+// takes stdout as the completion. The child also sees KS_LLM_ROLE,
+// KS_LLM_SYSTEM, KS_LLM_MAX_TOKENS and KS_LLM_TEMPERATURE in its environment.
+// A non-zero exit, a signal, empty output or overrunning config.timeout_s is
+// an error naming the command and the start of its stderr. Not retried: a
+// command that fails usually fails the same way again. Thread-safe; at most
+// config.concurrency commands run at once.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "llm/llm_client.h"
+#include "llm/llm_factory.h"
+
+namespace ks {
+
+StatusOr<std::unique_ptr<LlmClient>> MakeCommandClient(const std::string& command, const LlmConfig& config);
+
+}  // namespace ks

@@ -1,0 +1,299 @@
+// The lineage store: everything a search did, in one SQLite file (WAL mode).
+// Problems, searches (config, status), per-round beams, ideas, candidates,
+// evaluations and every LLM call. A killed search resumes from it; the CLI's
+// history/best/show/lineage/export and the gRPC server read it.
+//
+// Ownership and lifetime: a LineageStore owns one sqlite3 connection to its file
+// and closes it when destroyed. Several processes may open the same file (WAL and
+// a busy timeout make their writes take turns).
+//
+// Thread-safety: every method may be called from any thread; one mutex serializes
+// use of the connection. Every write method is one transaction, committed before
+// it returns, so `kill -9` at any moment loses at most the work in flight.
+//
+// Idempotence (what resume relies on): ideas and candidates carry a slot key that
+// names the step that produced them ("r2/p17/i0", "r2/i45/b1", "repair/c88");
+// inserting a second row with the same (search, slot key) returns the first
+// row's id instead. LLM calls carry the same slot key and a SHA-256 of their
+// prompt, so a resumed search finds a finished call instead of repeating it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+#include <utility>
+
+#include "common/status.h"
+#include "evaluator/evaluation.h"
+#include "llm/llm_client.h"
+#include "store/sqlite_handle.h"
+
+namespace ks::store {
+
+// The schema version this build writes. Older files are migrated on open.
+int LatestSchemaVersion();
+
+// Where the store lives unless --db says otherwise: $KS_DB, else
+// $XDG_DATA_HOME/kernelsearch/lineage.db, else ~/.local/share/kernelsearch/lineage.db.
+std::string DefaultDbPath();
+
+struct ProblemRow {
+  int64_t id = 0;
+  std::string name;
+  std::string file_path;
+  std::string source;          // the problem .py text as it was when first stored
+  std::string signature_json;  // SignatureToJson, or "{}" when not yet known
+  std::string sha256;          // of source: one row per distinct problem text
+  std::string created;
+};
+
+enum class SearchStatus { kPending, kRunning, kFinished, kCancelled, kFailed };
+const char* SearchStatusName(SearchStatus s);
+StatusOr<SearchStatus> ParseSearchStatus(const std::string& s);
+
+struct SearchRow {
+  int64_t id = 0;
+  int64_t problem_id = 0;
+  std::string config_json;
+  SearchStatus status = SearchStatus::kPending;
+  std::string stop_reason;  // "rounds", "budget: ...", "target speedup", "cancelled", error text
+  std::string created;
+  std::string updated;
+  std::optional<int64_t> best_candidate;
+  // Wall time spent on the search, summed over every process that ran part of
+  // it; what a wall-time budget counts.
+  double elapsed_s = 0;
+};
+
+struct IdeaRow {
+  int64_t id = 0;
+  int64_t search_id = 0;
+  int round = 0;
+  std::optional<int64_t> parent_candidate;  // the beam kernel it was proposed for
+  std::string text;
+  std::string slot_key;
+  std::string created;
+};
+
+enum class CandidateKind { kSeed, kPrimary, kRepair };
+const char* CandidateKindName(CandidateKind k);
+
+struct EvaluationRow {
+  int64_t candidate_id = 0;
+  EvalStatus status = EvalStatus::kCompileError;
+  std::string evaluation_json;  // EvaluationToJson
+  std::optional<double> median_ms;
+  std::optional<double> speedup_eager;
+  std::optional<double> speedup_compile;
+  // Set when this evaluation was copied from an identical candidate's.
+  std::optional<int64_t> reused_from;
+  std::string created;
+};
+
+struct CandidateRow {
+  int64_t id = 0;
+  int64_t search_id = 0;
+  int round = 0;
+  std::optional<int64_t> idea_id;
+  std::optional<int64_t> parent_candidate;  // beam parent, or the failed candidate a repair fixes
+  std::string source;
+  std::string plan_json;
+  std::string content_hash;  // CandidateContentHash(source, plan_json)
+  bool evaluated = false;    // state: pending / evaluated
+  std::string raw_response;  // the model's reply, kept when it could not be parsed
+  CandidateKind kind = CandidateKind::kPrimary;
+  int branch = 0;
+  int repair_depth = 0;           // 0 for a first attempt, n for the n-th repair in a chain
+  bool repair_attempted = false;  // a repair of this candidate was asked for
+  std::string slot_key;
+  std::string created;
+  std::optional<EvaluationRow> evaluation;  // filled by the queries that say so
+};
+
+struct LlmCallRow {
+  int64_t id = 0;
+  int64_t search_id = 0;
+  std::string slot_key;
+  std::string prompt_sha256;
+  LlmCallRecord record;
+  std::string created;
+};
+
+// Totals over a search's LLM calls (failed calls included: they cost).
+struct LlmSpend {
+  int64_t calls = 0;
+  int64_t tokens_in = 0;
+  int64_t tokens_out = 0;
+  double cost_usd = 0;
+};
+
+// A search as history shows it.
+struct SearchSummary {
+  SearchRow search;
+  std::string problem_name;
+  int64_t candidates = 0;
+  int64_t evaluated = 0;
+  int64_t correct = 0;
+  int rounds = 0;  // rounds started
+  std::optional<double> best_speedup_eager;
+  std::optional<double> best_median_ms;
+  LlmSpend spend;
+  int64_t failed_calls = 0;  // model calls that returned an error (timeouts, HTTP errors)
+  std::string first_llm_error;  // the first of them, "" when none
+};
+
+// A bank kernel: the best correct kernel the store holds for another problem.
+struct BankEntry {
+  ProblemRow problem;       // id, name and source only
+  CandidateRow candidate;   // with its evaluation
+};
+
+struct RoundRow {
+  int64_t search_id = 0;
+  int round = 0;
+  std::vector<int64_t> beam;  // candidate ids, in beam order (empty for a first round)
+  bool generated = false;     // every model call of the round's first pass is done
+};
+
+// A suite: many problems searched in one resumable run. Each entry is one
+// problem file, in the order given; search_id is set once its search exists,
+// error when the problem failed before its search could run (bad file,
+// degenerate reference) or its search ended in an error.
+struct SuiteEntryRow {
+  int position = 0;
+  std::string file_path;
+  std::optional<int64_t> search_id;
+  std::string error;
+};
+struct SuiteRow {
+  int64_t id = 0;
+  std::string config_json;  // the search config every problem's search gets, and the suite's options
+  SearchStatus status = SearchStatus::kPending;
+  std::string created;
+  std::string updated;
+  std::vector<SuiteEntryRow> entries;  // by position
+};
+
+// SHA-256 of what a model was asked (role, system prompt and prompt), for
+// matching calls on resume.
+std::string PromptHash(const std::string& role, const std::string& system, const std::string& prompt);
+
+class LineageStore {
+ public:
+  struct Options {
+    // Migrate only up to this version (tests build old files with it); 0 = latest.
+    int max_schema_version = 0;
+    int busy_timeout_ms = 10000;
+  };
+
+  // Opens (creating when absent, with its parent folders) and migrates.
+  static StatusOr<std::unique_ptr<LineageStore>> Open(const std::string& path, const Options& options);
+  static StatusOr<std::unique_ptr<LineageStore>> Open(const std::string& path) { return Open(path, Options()); }
+
+  LineageStore(const LineageStore&) = delete;
+  LineageStore& operator=(const LineageStore&) = delete;
+
+  const std::string& path() const { return path_; }
+  StatusOr<int> SchemaVersion();
+
+  // Problems: one row per distinct source text (by SHA-256); the existing id when
+  // the same text was stored before (its signature is filled in when it was "{}").
+  StatusOr<int64_t> PutProblem(const ProblemRow& problem);
+  StatusOr<ProblemRow> GetProblem(int64_t id);
+  // Problems whose name or file path equals `name_or_path`, newest first.
+  StatusOr<std::vector<ProblemRow>> FindProblems(const std::string& name_or_path);
+
+  // Searches.
+  StatusOr<int64_t> CreateSearch(int64_t problem_id, const std::string& config_json);
+  StatusOr<SearchRow> GetSearch(int64_t id);
+  Status SetSearchStatus(int64_t id, SearchStatus status, const std::string& stop_reason);
+  Status SetBestCandidate(int64_t search_id, std::optional<int64_t> candidate_id);
+  // Adds wall time spent on the search (atomically, so that processes working
+  // on the same search add up rather than overwrite).
+  Status AddSearchElapsed(int64_t id, double seconds);
+  // Newest first; problem_id 0 = all problems.
+  StatusOr<std::vector<SearchSummary>> History(int64_t problem_id);
+  StatusOr<SearchSummary> Summarize(int64_t search_id);
+
+  // Rounds and their beams.
+  StatusOr<std::optional<RoundRow>> GetRound(int64_t search_id, int round);
+  // The highest round started, or nullopt before the first.
+  StatusOr<std::optional<RoundRow>> LastRound(int64_t search_id);
+  // Inserts the round; when it exists already, keeps (and returns) the stored beam.
+  StatusOr<RoundRow> StartRound(int64_t search_id, int round, const std::vector<int64_t>& beam);
+  Status MarkRoundGenerated(int64_t search_id, int round);
+
+  // Ideas (idempotent by slot key).
+  StatusOr<int64_t> PutIdea(const IdeaRow& idea);
+  StatusOr<IdeaRow> GetIdea(int64_t id);
+  StatusOr<std::vector<IdeaRow>> ListIdeas(int64_t search_id);
+  StatusOr<std::optional<IdeaRow>> FindIdeaBySlot(int64_t search_id, const std::string& slot_key);
+
+  // Candidates (idempotent by slot key; content_hash is computed when empty).
+  StatusOr<int64_t> PutCandidate(const CandidateRow& candidate);
+  StatusOr<CandidateRow> GetCandidate(int64_t id);  // with its evaluation
+  StatusOr<std::optional<CandidateRow>> FindCandidateBySlot(int64_t search_id, const std::string& slot_key);
+  StatusOr<std::vector<CandidateRow>> ListCandidates(int64_t search_id);  // with evaluations, by id
+  // Pending candidates of a search, or of every search when search_id is 0; by id.
+  StatusOr<std::vector<CandidateRow>> PendingCandidates(int64_t search_id);
+  Status MarkRepairAttempted(int64_t candidate_id);
+  // The path from the first kernel to this one (root first), following parent links.
+  StatusOr<std::vector<CandidateRow>> Lineage(int64_t candidate_id);
+
+  // Evaluations. Stores the evaluation and marks the candidate evaluated, in one
+  // transaction; a second evaluation of the same candidate is refused.
+  Status PutEvaluation(int64_t candidate_id, const Evaluation& evaluation, std::optional<int64_t> reused_from);
+  // An evaluated candidate of the same problem with this content hash (the
+  // earliest one that was evaluated itself, not copied), for reuse.
+  StatusOr<std::optional<CandidateRow>> FindEvaluatedByHash(int64_t problem_id, const std::string& content_hash);
+  // Correct candidates, fastest first (median_ms, then id).
+  StatusOr<std::vector<CandidateRow>> CorrectCandidates(int64_t search_id);
+  StatusOr<std::optional<CandidateRow>> BestCorrect(int64_t search_id);
+  StatusOr<std::optional<CandidateRow>> BestCorrectForProblem(int64_t problem_id);
+
+  // Suites: the suite and one entry per file, in one transaction.
+  StatusOr<int64_t> CreateSuite(const std::string& config_json, const std::vector<std::string>& files);
+  StatusOr<SuiteRow> GetSuite(int64_t id);  // with its entries
+  Status SetSuiteEntry(int64_t suite_id, int position, std::optional<int64_t> search_id, const std::string& error);
+  Status SetSuiteStatus(int64_t id, SearchStatus status);
+
+  // LLM calls.
+  StatusOr<int64_t> PutLlmCall(int64_t search_id, const std::string& slot_key, const LlmCallRecord& record);
+  // A successful call of this search with this role, prompt hash and slot key.
+  StatusOr<std::optional<LlmCallRow>> FindFinishedLlmCall(int64_t search_id, const std::string& role,
+                                                          const std::string& prompt_sha256,
+                                                          const std::string& slot_key);
+  // Every call of a search, by id (finished_only: successful ones only).
+  StatusOr<std::vector<LlmCallRow>> ListLlmCalls(int64_t search_id, bool finished_only);
+  StatusOr<LlmSpend> Spend(int64_t search_id);
+  StatusOr<int64_t> FailedLlmCalls(int64_t search_id);
+
+  // Device facts (search/prompts.h GpuFacts as JSON) a GPU node measured,
+  // by GPU name and optionally the search it evaluated for. Latest wins.
+  Status PutGpuFacts(const std::string& name, const std::string& facts_json, std::optional<int64_t> search_id);
+  StatusOr<std::optional<std::string>> LatestGpuFacts(const std::string& name);
+  StatusOr<std::optional<std::string>> LatestGpuFactsForSearch(int64_t search_id);
+
+  // The kernel bank: for every problem but `exclude_problem_id`, its best
+  // correct kernel (problems without one are left out); by problem id.
+  StatusOr<std::vector<BankEntry>> BankCandidates(int64_t exclude_problem_id);
+  // Which bank kernels the prompt of (search, slot) showed.
+  Status RecordBankShown(int64_t search_id, const std::string& slot_key, const std::vector<int64_t>& bank_candidates);
+  StatusOr<std::vector<std::pair<std::string, int64_t>>> ListBankShown(int64_t search_id);
+
+ private:
+  LineageStore(std::string path, SqliteDbPtr db) : path_(std::move(path)), db_(std::move(db)) {}
+  Status Migrate(int max_version);
+  StatusOr<SqliteStmtPtr> Prepare(const std::string& sql);
+  Status Exec(const std::string& sql);
+  StatusOr<int64_t> PutCandidateLocked(const CandidateRow& candidate);
+
+  const std::string path_;
+  std::mutex mu_;  // guards every use of db_
+  SqliteDbPtr db_;
+};
+
+}  // namespace ks::store

@@ -1,0 +1,126 @@
+"""export/kernel_module.py, rendered as search/export.cc renders it and
+imported on a CPU torch: the placeholders become the values, ModelNew is the
+problem's Model, and what can be checked without a GPU is (argument checks,
+the plan against RESOLVED). Running the kernel is export_gpu_test's."""
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+
+import pytest
+
+from conftest import EXPORT_DIR, render
+
+torch = pytest.importorskip("torch")
+
+PROBLEM = '''import torch
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(n)
+    def forward(self, x):
+        return self.ln(x)
+def get_inputs():
+    return [torch.rand(4, 16)]
+def get_init_inputs():
+    return [16]
+'''
+SOURCE = 'extern "C" __global__ void row_stats(const float* x) {}\n// a "quote", a \\ backslash and @@NOT_A_KEY@@\n'
+PLAN = {"launches": [{"kernel": "norm", "grid": ["x.shape[0]"], "block": [256],
+                      "args": ["x", "ln.weight", "ln.bias", "out", "x.shape[1]"]}]}
+SIGNATURE = {"name": "ln", "inputs": [{"name": "x", "kind": "tensor", "dtype": "float32", "shape": [4, 16]}],
+             "parameters": [{"name": "ln.weight", "kind": "tensor", "dtype": "float32", "shape": [16]},
+                            {"name": "ln.bias", "kind": "tensor", "dtype": "float32", "shape": [16]}],
+             "outputs": [{"name": "out", "kind": "tensor", "dtype": "float32", "shape": [4, 16]}]}
+KERNELS = {"norm": ["b64", "b64", "b64", "b64", "b32"]}
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    d = tmp_path_factory.mktemp("export")
+    shutil.copy(EXPORT_DIR / "ks_launch_plan.py", d / "ks_launch_plan.py")
+    (d / "problem.py").write_text(PROBLEM)
+    import ks_launch_plan as lp
+    resolved = lp.resolve_plan(PLAN, KERNELS, lp.env_from_signature(SIGNATURE))
+    values = {"ID": "42", "PROBLEM": 'ln "small"', "SPEEDUP": "correct, 1.50x over PyTorch eager",
+              "SOURCE": SOURCE, "PLAN": json.dumps(PLAN), "SIGNATURE": json.dumps(SIGNATURE),
+              "KERNELS": json.dumps(KERNELS), "RESOLVED": json.dumps(resolved),
+              "NVRTC_OPTIONS": json.dumps(["--std=c++17"]), "PRELUDE_NAME": "ks_prelude.h",
+              "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda"}
+    (d / "kernel_module.py").write_text(render((EXPORT_DIR / "kernel_module.py").read_text(), values))
+    spec = importlib.util.spec_from_file_location("kernel_module", d / "kernel_module.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_template_has_only_known_placeholders():
+    text = (EXPORT_DIR / "kernel_module.py").read_text()
+    assert set(re.findall(r"@@([A-Z_]+)@@", text)) == {
+        "ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED", "NVRTC_OPTIONS",
+        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME"}
+
+
+def test_the_values_arrive_as_they_were(module):
+    assert module.SOURCE == SOURCE
+    assert module.PLAN == PLAN
+    assert module.SIGNATURE == SIGNATURE
+    assert module.KERNELS == KERNELS
+    assert module.NVRTC_OPTIONS == ["--std=c++17"]
+    assert module.PRELUDE_NAME == "ks_prelude.h"
+    assert module.PRELUDE == "#define KS 1\n"
+    assert module.EXPORT_CUDA_HOME == "/nonexistent/cuda"
+    assert module.__doc__.startswith("kernelsearch export: candidate 42 of problem ln  small  "
+                                     "(correct, 1.50x over PyTorch eager).")
+
+
+def test_model_new_is_the_problems_model(module):
+    m = module.ModelNew(16)
+    assert isinstance(m, module._problem.Model)
+    assert list(m.state_dict()) == ["ln.weight", "ln.bias"]
+    m.load_state_dict(module._problem.Model(16).state_dict())
+
+
+def test_the_plan_resolves_as_the_evaluator_did(module):
+    env = module._plan.env_from_signature(module.SIGNATURE)
+    assert module._plan.resolve_plan(module.PLAN, module.KERNELS, env) == module.RESOLVED
+    assert module.RESOLVED["launches"][0]["grid"] == [4, 1, 1]
+
+
+def test_cpu_tensors_are_refused(module):
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        module.ModelNew(16)(torch.rand(4, 16))
+
+
+def test_inputs_are_checked(module):
+    m = module.ModelNew(16)
+    with pytest.raises(TypeError, match="expected the inputs"):
+        m(torch.rand(4, 16), torch.rand(4, 16))
+    with pytest.raises(TypeError, match="missing input 'x'"):
+        m()
+    with pytest.raises(TypeError, match="the kernel takes torch.float32"):
+        module._tensor_arg(torch.zeros(4, 16, dtype=torch.float64), SIGNATURE["inputs"][0], torch.device("cpu"))
+    with pytest.raises(TypeError, match="expected a tensor"):
+        module._tensor_arg(3, SIGNATURE["inputs"][0], torch.device("cpu"))
+
+
+def test_cuda_home_is_found_or_named(module, monkeypatch):
+    for v in ("KS_CUDA_HOME", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(v, raising=False)
+    try:
+        home = module._cuda_home()
+    except RuntimeError as e:
+        assert "KS_CUDA_HOME" in str(e)
+    else:
+        assert os.path.exists(os.path.join(home, "include", "cuda_fp16.h"))
+
+
+@pytest.mark.skipif(not hasattr(torch, "func"), reason="torch.func (torch >= 2) finds output shapes on meta")
+def test_output_shapes_follow_the_inputs(module):
+    assert module.ModelNew(16)._output_shapes([torch.rand(7, 16)]) == [[7, 16]]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
