@@ -14,6 +14,7 @@
 
 #include "evaluator/evaluator_api.h"
 #include "search/evaluator_factory.h"
+#include "search/orchestrator.h"
 #include "search/llm/llm_factory.h"
 #include "search/llm/prompt_template.h"
 #include "search/store/lineage_store.h"
@@ -21,8 +22,13 @@
 
 namespace ks::server {
 
+// The evaluator spec of a server whose GPUs are `kernelsearch gpu-worker`
+// processes elsewhere (Slurm jobs, pods): searches leave their candidates
+// pending and the workers lease them (issue 13).
+inline constexpr char kWorkersEvaluator[] = "workers";
+
 struct OrchestratorRunnerOptions {
-  EvaluatorOptions evaluator;  // spec: "" / "gpu", or "fake[:FILE]" for tests
+  EvaluatorOptions evaluator;  // spec: "" / "gpu", "workers", or "fake[:FILE]" for tests
   LlmConfig llm;               // knobs shared by every search; the spec is each search's model
 };
 
@@ -32,6 +38,8 @@ class OrchestratorRunner final : public SearchRunner {
   Status Run(int64_t search_id, const std::atomic<bool>* stop, const std::function<void()>& progress) override;
 
  private:
+  Status RunWithWorkers(int64_t search_id, Orchestrator* orchestrator, const std::atomic<bool>* stop,
+                        const std::function<void()>& progress);
   store::LineageStore* const store_;
   const PromptLibrary* const prompts_;
   const OrchestratorRunnerOptions options_;

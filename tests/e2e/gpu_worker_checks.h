@@ -1,0 +1,64 @@
+// What the GPU worker tests (gpu_worker_e2e_test, slurm_e2e_test) check: the
+// leases the server logged ("leased candidate(s) 12,13(attempt 2) to W for
+// 3s"), and that every candidate of a search ended evaluated exactly once.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "search/store/lineage_store.h"
+
+namespace ks::e2e {
+
+struct LoggedLease {
+  int64_t candidate = 0;
+  int attempt = 1;
+  std::string worker;
+};
+
+inline std::vector<LoggedLease> LeasesFromServerLog(const std::string& log) {
+  std::vector<LoggedLease> out;
+  static const std::regex line(R"(leased candidate\(s\) (\S+) to (\S+) for)");
+  static const std::regex item(R"((\d+)(?:\(attempt (\d+)\))?)");
+  std::istringstream in(log);
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (!std::regex_search(l, m, line)) continue;
+    const std::string ids = m[1], worker = m[2];
+    for (auto it = std::sregex_iterator(ids.begin(), ids.end(), item); it != std::sregex_iterator(); ++it)
+      out.push_back({std::stoll((*it)[1]), (*it)[2].matched ? std::stoi((*it)[2]) : 1, worker});
+  }
+  return out;
+}
+
+// Every candidate of the search has an evaluation; the evaluator ran once per
+// candidate that was not a copy of an identical one (the scripted evaluator's
+// log: one content hash per evaluation), and never twice for one hash.
+inline void ExpectEachEvaluatedOnce(store::LineageStore* store, int64_t search_id,
+                                    const std::vector<std::string>& evaluated_hashes) {
+  auto cands = store->ListCandidates(search_id);
+  ASSERT_TRUE(cands.ok()) << cands.status().ToString();
+  ASSERT_FALSE(cands->empty());
+  std::set<std::string> own;  // hashes the evaluator had to run
+  for (const auto& c : *cands) {
+    if (c.source.empty()) continue;  // an unparsable reply: never evaluated
+    EXPECT_TRUE(c.evaluated && c.evaluation) << "candidate " << c.id << " was lost";
+    if (c.evaluation && !c.evaluation->reused_from) own.insert(c.content_hash);
+  }
+  std::map<std::string, int> runs;
+  for (const auto& h : evaluated_hashes) runs[h]++;
+  for (const auto& [hash, n] : runs) EXPECT_EQ(n, 1) << "evaluated " << n << " times: " << hash;
+  for (const auto& hash : own) EXPECT_EQ(runs.count(hash), 1u) << "stored but never evaluated: " << hash;
+  EXPECT_EQ(runs.size(), own.size());
+  auto pending = store->PendingCandidates(search_id);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_TRUE(pending->empty());
+}
+
+}  // namespace ks::e2e

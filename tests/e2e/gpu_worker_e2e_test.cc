@@ -1,0 +1,177 @@
+// GPU workers end to end (issue 13): the real `kernelsearch serve --evaluator
+// workers` runs a search whose candidates are evaluated by real
+// `kernelsearch gpu-worker` processes (with the scripted evaluator, slowed
+// down so that a worker can be killed in the middle of an evaluation).
+// A worker killed with SIGKILL loses its lease and its candidate goes to the
+// other worker; every candidate ends evaluated exactly once.
+#include <signal.h>
+
+#include <chrono>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/subprocess.h"
+#include "search/store/lineage_store.h"
+#include "server/client.h"
+#include "tests/e2e/gpu_worker_checks.h"
+#include "tests/e2e/server_harness.h"
+
+namespace ks::e2e {
+namespace {
+
+namespace pb = ::kernelsearch::v1;
+using namespace std::chrono_literals;
+
+pb::StartSearchRequest SmallSearch(int64_t problem_id) {
+  pb::StartSearchRequest req;
+  req.set_problem_id(std::to_string(problem_id));
+  req.mutable_config()->set_rounds(1);
+  req.mutable_config()->set_ideas_per_round(2);
+  req.mutable_config()->set_branches(2);
+  req.mutable_config()->set_beam(1);
+  req.mutable_config()->set_repair_attempts(0);
+  return req;
+}
+
+ChildProcess StartWorker(const ServerHarness& h, const std::string& name, double lease_s,
+                         const std::string& token_file = "") {
+  std::vector<std::string> argv = {KS_CLI_BINARY,  "gpu-worker",
+                                   "--server",     h.address(),
+                                   "--token-file", token_file.empty() ? h.Path("token") : token_file,
+                                   "--evaluator",  "fake:" + h.Path("evaluator.json"),
+                                   "--gpus",       "0",
+                                   "--name",       name,
+                                   "--lease-seconds", std::to_string(lease_s),
+                                   "--poll",       "0.2"};
+  auto child = ChildProcess::Start(argv, {}, h.Path(name + ".log"));
+  EXPECT_TRUE(child.ok()) << child.status().ToString();
+  return std::move(child).value();
+}
+
+// Waits for the child to exit; its wait status ("exit code 0"), or "" on timeout.
+std::string WaitExit(ChildProcess& c, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto how = c.TryReap()) return *how;
+    std::this_thread::sleep_for(50ms);
+  }
+  return "";
+}
+
+pb::SearchInfo WaitFinished(server::Client& c, const std::string& id, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  pb::GetSearchRequest req;
+  req.set_search_id(id);
+  pb::SearchInfo info;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = c.GetSearch(req);
+    if (r.ok()) {
+      info = *r;
+      if (info.state() != pb::QUEUED && info.state() != pb::RUNNING) return info;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  return info;
+}
+
+TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) {
+  ServerHarness h({.eval_delay_ms = 1000, .evaluator = "workers"});
+  h.Start();
+  const int64_t problem = h.SeedProblem();
+  auto c = h.Connect();
+  auto started = c->StartSearch(SmallSearch(problem));
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+
+  ChildProcess doomed = StartWorker(h, "doomed", 3);
+  ChildProcess survivor = StartWorker(h, "survivor", 3);
+  // The doomed worker's first lease; then SIGKILL while its 1 s evaluation runs.
+  int64_t victim = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + 60s; !victim && std::chrono::steady_clock::now() < deadline;) {
+    auto leases = LeasesFromServerLog(h.Log());
+    for (const auto& l : leases)
+      if (l.worker.rfind("doomed/", 0) == 0) victim = l.candidate;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_NE(victim, 0) << "the doomed worker never got a lease\n" << h.Log();
+  std::this_thread::sleep_for(300ms);
+  doomed.Kill();
+
+  pb::SearchInfo fin = WaitFinished(*c, started->search_id(), 120s);
+  EXPECT_EQ(fin.state(), pb::SUCCEEDED) << fin.DebugString() << h.Log();
+  ::kill(survivor.pid(), SIGTERM);
+  EXPECT_EQ(WaitExit(survivor, 30s), "exit code 0");
+
+  // The victim's lease expired and the survivor got it (a second attempt).
+  bool retried = false;
+  for (const auto& l : LeasesFromServerLog(h.Log()))
+    if (l.candidate == victim && l.attempt >= 2 && l.worker.rfind("survivor/", 0) == 0) retried = true;
+  EXPECT_TRUE(retried) << h.Log();
+
+  auto store = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(store.ok());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(started->search_id()), h.Evaluated());
+  auto v = (*store)->GetCandidate(victim);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->evaluation.has_value());
+}
+
+TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {
+  ServerHarness h({.eval_delay_ms = 2000, .evaluator = "workers"});
+  h.Start();
+  const int64_t problem = h.SeedProblem();
+  auto c = h.Connect();
+  auto started = c->StartSearch(SmallSearch(problem));
+  ASSERT_TRUE(started.ok());
+  // A 10-minute lease: only giving it back lets another worker take it soon.
+  ChildProcess first = StartWorker(h, "first", 600);
+  int64_t held = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + 60s; !held && std::chrono::steady_clock::now() < deadline;) {
+    for (const auto& l : LeasesFromServerLog(h.Log())) held = l.candidate;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_NE(held, 0) << h.Log();
+  std::this_thread::sleep_for(200ms);
+  ::kill(first.pid(), SIGTERM);
+  EXPECT_EQ(WaitExit(first, 20s), "exit code 0");
+  auto first_log = ReadFile(h.Path("first.log"));
+  EXPECT_NE(first_log->find("gave 1 lease(s) back"), std::string::npos) << *first_log;
+
+  ChildProcess second = StartWorker(h, "second", 600);
+  pb::SearchInfo fin = WaitFinished(*c, started->search_id(), 120s);
+  EXPECT_EQ(fin.state(), pb::SUCCEEDED) << fin.DebugString() << h.Log();
+  ::kill(second.pid(), SIGTERM);
+  EXPECT_EQ(WaitExit(second, 30s), "exit code 0");
+  auto store = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(store.ok());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(started->search_id()), h.Evaluated());
+}
+
+TEST(GpuWorkerE2E, WrongTokenEndsTheWorker) {
+  ServerHarness h({.evaluator = "workers"});
+  h.Start();
+  ASSERT_TRUE(WriteFile(h.Path("wrong-token"), std::string(40, 'x') + "\n").ok());
+  ChildProcess w = StartWorker(h, "intruder", 10, h.Path("wrong-token"));
+  EXPECT_EQ(WaitExit(w, 30s), "exit code 3");
+  auto log = ReadFile(h.Path("intruder.log"));
+  EXPECT_NE(log->find("leasing from"), std::string::npos) << *log;
+}
+
+TEST(GpuWorkerE2E, EvaluateKernelSaysTheServerHasNoGpu) {
+  ServerHarness h({.evaluator = "workers"});
+  h.Start();
+  const int64_t problem = h.SeedProblem();
+  auto c = h.Connect();
+  pb::EvaluateKernelRequest req;
+  req.set_problem_id(std::to_string(problem));
+  req.set_source("extern \"C\" __global__ void k() {}");
+  req.set_plan_json(R"({"launches": []})");
+  EXPECT_EQ(c->EvaluateKernel(req).status().code(), Code::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace ks::e2e
