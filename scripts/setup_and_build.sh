@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev libfmt-dev libcpp-httplib-dev
   python3 python3-torch python3-numpy
   chromium  # the report test loads `kernelsearch report` pages in headless Chromium
+  slurmctld slurmd slurm-client munge  # the Slurm test starts a one-node cluster on loopback (issue 13)
 )
 missing=()
 for p in "${packages[@]}"; do
