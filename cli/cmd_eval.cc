@@ -106,7 +106,10 @@ struct GpuEvaluators {
 };
 
 StatusOr<GpuEvaluators> MakeGpuEvaluators(const EvalArgs& a, const std::string& problem) {
-  KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus({.spec = "gpu", .gpus = a.gpus}));
+  EvaluatorOptions eo;
+  eo.spec = "gpu";
+  eo.gpus = a.gpus;
+  KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(eo));
   GpuEvaluators out;
   std::vector<std::unique_ptr<CandidateEvaluator>> members;
   std::vector<std::string> labels;
@@ -173,7 +176,8 @@ int RunLevel(const EvalArgs& a) {
         }
         std::unique_ptr<CandidateEvaluator> ev;
         if (fake) {
-          auto made = MakeEvaluator(problem, {.spec = a.evaluator, .python = a.python, .gpus = a.gpus});
+          auto made =
+              MakeEvaluator(problem, {.spec = a.evaluator, .python = a.python, .device = 0, .gpus = a.gpus});
           if (!made.ok()) {
             row.status = "error";
             row.message = made.status().message();

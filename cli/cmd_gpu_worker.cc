@@ -23,14 +23,7 @@ namespace {
 struct GpuWorkerFlags {
   ConnFlags conn;
   std::string gpus;
-  std::string evaluator;
-  std::string python;
-  std::string name;
-  double lease_s = 0;
-  int batch = 1;
-  double idle_poll_s = 2;
-  double exit_when_idle_s = 0;
-  bool quiet = false;
+  server::GpuWorkerOptions worker;  // the flags bind to its fields
 };
 
 int RunGpuWorker(const GpuWorkerFlags& f) {
@@ -41,13 +34,12 @@ int RunGpuWorker(const GpuWorkerFlags& f) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  server::GpuWorkerOptions o;
+  server::GpuWorkerOptions o = f.worker;
   auto client = ResolveConnFlags(f.conn);
   if (!client.ok()) return ReportError(client.status());
   o.client = *client;
   o.client.timeout_s = std::min(o.client.timeout_s, 60.0);  // lease calls are short; a hung server is retried
-  o.evaluator.spec = f.evaluator.empty() ? "gpu" : f.evaluator;
-  o.evaluator.python = f.python;
+  if (o.evaluator.spec.empty()) o.evaluator.spec = "gpu";
   o.evaluator.gpus = f.gpus.empty() ? "all" : f.gpus;
   if (o.evaluator.spec == "gpu") {
     std::string why;
@@ -56,12 +48,6 @@ int RunGpuWorker(const GpuWorkerFlags& f) {
   auto devices = ResolveGpus(o.evaluator);
   if (!devices.ok()) return ReportError(devices.status());
   o.devices = *devices;
-  o.name = f.name;
-  o.lease_s = f.lease_s;
-  o.batch = f.batch;
-  o.idle_poll_s = f.idle_poll_s;
-  o.exit_when_idle_s = f.exit_when_idle_s;
-  o.quiet = f.quiet;
   server::GpuWorker worker(o);
 
   std::atomic<bool> done{false};
@@ -97,19 +83,21 @@ void RegisterGpuWorkerCommand(CLI::App& app) {
       "gpu-worker", "Evaluate the candidates of a `kernelsearch serve` on this node's GPUs (Slurm, Kubernetes)");
   AddConnOptions(sub, &f->conn);
   sub->add_option("--gpus", f->gpus, "GPUs to evaluate on: all (default) or a list such as 0,1; one thread each");
-  sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
-  AddPythonOption(sub, &f->python);
-  sub->add_option("--name", f->name, "worker name in the server's log and store (default host/pid[/slurm-JOB])");
-  sub->add_option("--lease-seconds", f->lease_s,
+  sub->add_option("--evaluator", f->worker.evaluator.spec,
+                  "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
+  AddPythonOption(sub, &f->worker.evaluator.python);
+  sub->add_option("--name", f->worker.name, "worker name in the server's log and store (default host/pid[/slurm-JOB])");
+  sub->add_option("--lease-seconds", f->worker.lease_s,
                   "lease length asked for (default: the server's, 60 s); renewed every third of it while evaluating");
-  sub->add_option("--batch", f->batch, "candidates leased per GPU at a time (the evaluator compiles them together)")
+  sub->add_option("--batch", f->worker.batch,
+                  "candidates leased per GPU at a time (the evaluator compiles them together)")
       ->capture_default_str();
-  sub->add_option("--poll", f->idle_poll_s, "seconds between lease calls while nothing is pending")
+  sub->add_option("--poll", f->worker.idle_poll_s, "seconds between lease calls while nothing is pending")
       ->capture_default_str();
-  sub->add_option("--exit-when-idle", f->exit_when_idle_s,
+  sub->add_option("--exit-when-idle", f->worker.exit_when_idle_s,
                   "exit after this many seconds with nothing to do (0: run until SIGTERM)")
       ->capture_default_str();
-  sub->add_flag("--quiet", f->quiet, "no log lines on stderr");
+  sub->add_flag("--quiet", f->worker.quiet, "no log lines on stderr");
   sub->footer("Exit status: 0 stopped by SIGTERM/SIGINT or idle; 2 bad arguments; 3 no GPU, or the server refused "
               "the token.");
   SetAction(sub, [f] { return RunGpuWorker(*f); });

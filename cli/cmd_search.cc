@@ -254,7 +254,8 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   std::unique_ptr<CandidateEvaluator> evaluator;
   std::optional<GpuFacts> measured_gpu;
   if (!f.generate_only) {
-    auto made = MakeSearchEvaluator(problem_file, {.spec = f.evaluator, .python = f.python, .gpus = f.gpus});
+    auto made = MakeSearchEvaluator(problem_file,
+                                    {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
     if (!made.ok()) return ReportError(made.status());
     evaluator = std::move(made->evaluator);
     // What the prompts say about the GPU is fixed when the search is created:
@@ -454,7 +455,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
     return LoadProblemSignature(file, bridge);
   };
   hooks.evaluator = [&](const std::string& file) {
-    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .gpus = f.gpus});
+    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
   };
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -500,7 +501,8 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     if (!problem.ok()) return ReportError(problem.status());
     auto file = StoredProblemFile(*problem);
     if (!file.ok()) return ReportError(file.status());
-    auto made = MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .gpus = f.gpus});
+    auto made =
+        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
     if (!made.ok()) return ReportError(made.status());
     // What this GPU node measured goes into the store, so that the model side
     // tells the model true figures (search --generate-only --resume / --gpu NAME).

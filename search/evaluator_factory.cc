@@ -68,9 +68,10 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
       return made;
     }
-    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, [&o](int) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
+    auto make = [&o](int) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
       return std::unique_ptr<CandidateEvaluator>(std::make_unique<ScriptedEvaluator>(o));
-    }));
+    };
+    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
     made.evaluator = std::move(pool);
     return made;
   }
@@ -112,11 +113,12 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       return made;
     }
     // The prompts describe the first GPU (the GPUs of one host are alike).
-    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, [&](int device) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
+    auto make = [&](int device) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
       KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(device));
       if (device == devices.front()) made.gpu = facts_of(ev.get());
       return std::unique_ptr<CandidateEvaluator>(std::move(ev));
-    }));
+    };
+    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
     made.evaluator = std::move(pool);
     return made;
   }

@@ -52,7 +52,8 @@ std::string EvaluatorPool::DeviceName() const { return members_.front().evaluato
 
 size_t EvaluatorPool::healthy() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<size_t>(std::count_if(members_.begin(), members_.end(), [](const Member& m) { return !m.retired; }));
+  return static_cast<size_t>(
+      std::count_if(members_.begin(), members_.end(), [](const Member& m) { return !m.retired; }));
 }
 
 std::vector<int64_t> EvaluatorPool::evaluated_per_member() const {

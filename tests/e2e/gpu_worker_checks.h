@@ -1,6 +1,7 @@
-// What the GPU worker tests (gpu_worker_e2e_test, slurm_e2e_test) check: the
-// leases the server logged ("leased candidate(s) 12,13(attempt 2) to W for
-// 3s"), and that every candidate of a search ended evaluated exactly once.
+// What the GPU worker tests (gpu_worker_e2e_test, slurm_e2e_test) share: a
+// small search started on a `serve --evaluator workers`, the leases the server
+// logged ("leased candidate(s) 12,13(attempt 2) to W for 3s"), and the check
+// that every candidate of a search ended evaluated exactly once.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,8 +14,34 @@
 #include <vector>
 
 #include "search/store/lineage_store.h"
+#include "server/client.h"
+#include "tests/e2e/server_harness.h"
 
 namespace ks::e2e {
+
+struct StartedSearch {
+  std::unique_ptr<server::Client> client;
+  std::string search_id;  // "" after a failure (recorded)
+};
+
+// Starts the harness's server, stores a problem and starts a search of it with
+// 2 rounds (about 12 candidates).
+inline StartedSearch StartSmallSearch(ServerHarness& h) {
+  h.Start();
+  const int64_t problem = h.SeedProblem();
+  StartedSearch out{h.Connect(), ""};
+  ::kernelsearch::v1::StartSearchRequest req;
+  req.set_problem_id(std::to_string(problem));
+  req.mutable_config()->set_rounds(1);
+  req.mutable_config()->set_ideas_per_round(2);
+  req.mutable_config()->set_branches(2);
+  req.mutable_config()->set_beam(1);
+  req.mutable_config()->set_repair_attempts(0);
+  auto started = out.client->StartSearch(req);
+  EXPECT_TRUE(started.ok()) << started.status().ToString();
+  if (started.ok()) out.search_id = started->search_id();
+  return out;
+}
 
 struct LoggedLease {
   int64_t candidate = 0;

@@ -27,17 +27,6 @@ namespace {
 namespace pb = ::kernelsearch::v1;
 using namespace std::chrono_literals;
 
-pb::StartSearchRequest SmallSearch(int64_t problem_id) {
-  pb::StartSearchRequest req;
-  req.set_problem_id(std::to_string(problem_id));
-  req.mutable_config()->set_rounds(1);
-  req.mutable_config()->set_ideas_per_round(2);
-  req.mutable_config()->set_branches(2);
-  req.mutable_config()->set_beam(1);
-  req.mutable_config()->set_repair_attempts(0);
-  return req;
-}
-
 ChildProcess StartWorker(const ServerHarness& h, const std::string& name, double lease_s,
                          const std::string& token_file = "") {
   std::vector<std::string> argv = {KS_CLI_BINARY,  "gpu-worker",
@@ -81,17 +70,15 @@ pb::SearchInfo WaitFinished(server::Client& c, const std::string& id, std::chron
 
 TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) {
   ServerHarness h({.eval_delay_ms = 1000, .evaluator = "workers"});
-  h.Start();
-  const int64_t problem = h.SeedProblem();
-  auto c = h.Connect();
-  auto started = c->StartSearch(SmallSearch(problem));
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  StartedSearch s = StartSmallSearch(h);
+  ASSERT_FALSE(s.search_id.empty());
 
   ChildProcess doomed = StartWorker(h, "doomed", 3);
   ChildProcess survivor = StartWorker(h, "survivor", 3);
   // The doomed worker's first lease; then SIGKILL while its 1 s evaluation runs.
   int64_t victim = 0;
-  for (auto deadline = std::chrono::steady_clock::now() + 60s; !victim && std::chrono::steady_clock::now() < deadline;) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!victim && std::chrono::steady_clock::now() < deadline) {
     auto leases = LeasesFromServerLog(h.Log());
     for (const auto& l : leases)
       if (l.worker.rfind("doomed/", 0) == 0) victim = l.candidate;
@@ -101,7 +88,7 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
   std::this_thread::sleep_for(300ms);
   doomed.Kill();
 
-  pb::SearchInfo fin = WaitFinished(*c, started->search_id(), 120s);
+  pb::SearchInfo fin = WaitFinished(*s.client, s.search_id, 120s);
   EXPECT_EQ(fin.state(), pb::SUCCEEDED) << fin.DebugString() << h.Log();
   ::kill(survivor.pid(), SIGTERM);
   EXPECT_EQ(WaitExit(survivor, 30s), "exit code 0");
@@ -114,7 +101,7 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
 
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
-  ExpectEachEvaluatedOnce(store->get(), std::stoll(started->search_id()), h.Evaluated());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(s.search_id), h.Evaluated());
   auto v = (*store)->GetCandidate(victim);
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->evaluation.has_value());
@@ -122,15 +109,13 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
 
 TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {
   ServerHarness h({.eval_delay_ms = 2000, .evaluator = "workers"});
-  h.Start();
-  const int64_t problem = h.SeedProblem();
-  auto c = h.Connect();
-  auto started = c->StartSearch(SmallSearch(problem));
-  ASSERT_TRUE(started.ok());
+  StartedSearch s = StartSmallSearch(h);
+  ASSERT_FALSE(s.search_id.empty());
   // A 10-minute lease: only giving it back lets another worker take it soon.
   ChildProcess first = StartWorker(h, "first", 600);
   int64_t held = 0;
-  for (auto deadline = std::chrono::steady_clock::now() + 60s; !held && std::chrono::steady_clock::now() < deadline;) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!held && std::chrono::steady_clock::now() < deadline) {
     for (const auto& l : LeasesFromServerLog(h.Log())) held = l.candidate;
     std::this_thread::sleep_for(20ms);
   }
@@ -142,13 +127,13 @@ TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {
   EXPECT_NE(first_log->find("gave 1 lease(s) back"), std::string::npos) << *first_log;
 
   ChildProcess second = StartWorker(h, "second", 600);
-  pb::SearchInfo fin = WaitFinished(*c, started->search_id(), 120s);
+  pb::SearchInfo fin = WaitFinished(*s.client, s.search_id, 120s);
   EXPECT_EQ(fin.state(), pb::SUCCEEDED) << fin.DebugString() << h.Log();
   ::kill(second.pid(), SIGTERM);
   EXPECT_EQ(WaitExit(second, 30s), "exit code 0");
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
-  ExpectEachEvaluatedOnce(store->get(), std::stoll(started->search_id()), h.Evaluated());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(s.search_id), h.Evaluated());
 }
 
 TEST(GpuWorkerE2E, WrongTokenEndsTheWorker) {

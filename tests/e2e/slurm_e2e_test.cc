@@ -198,18 +198,8 @@ TEST(SlurmE2E, TwoWorkerJobsOneScancelledEveryCandidateEvaluatedOnce) {
     FAIL() << "starting a one-node Slurm cluster: " << why;
   }
 
-  h.Start();
-  const int64_t problem = h.SeedProblem();
-  auto c = h.Connect();
-  pb::StartSearchRequest req;
-  req.set_problem_id(std::to_string(problem));
-  req.mutable_config()->set_rounds(1);
-  req.mutable_config()->set_ideas_per_round(2);
-  req.mutable_config()->set_branches(2);
-  req.mutable_config()->set_beam(1);
-  req.mutable_config()->set_repair_attempts(0);
-  auto started = c->StartSearch(req);
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  StartedSearch started = StartSmallSearch(h);
+  ASSERT_FALSE(started.search_id.empty());
 
   // The shipped job script, less its GPU request (this node has no GPUs).
   auto script = ReadFile(std::string(KS_SOURCE_DIR) + "/deploy/slurm/gpu-worker.sbatch");
@@ -256,11 +246,11 @@ TEST(SlurmE2E, TwoWorkerJobsOneScancelledEveryCandidateEvaluatedOnce) {
   slurm.Run({"scancel", jobs[0]});
 
   pb::GetSearchRequest get;
-  get.set_search_id(started->search_id());
+  get.set_search_id(started.search_id);
   pb::SearchInfo info;
   SlurmCluster::WaitFor(
       [&] {
-        auto r = c->GetSearch(get);
+        auto r = started.client->GetSearch(get);
         if (r.ok()) info = *r;
         return r.ok() && info.state() != pb::QUEUED && info.state() != pb::RUNNING;
       },
@@ -281,7 +271,7 @@ TEST(SlurmE2E, TwoWorkerJobsOneScancelledEveryCandidateEvaluatedOnce) {
 
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
-  ExpectEachEvaluatedOnce(store->get(), std::stoll(started->search_id()), h.Evaluated());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(started.search_id), h.Evaluated());
 }
 
 }  // namespace
