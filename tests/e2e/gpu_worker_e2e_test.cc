@@ -133,7 +133,7 @@ TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {
   EXPECT_EQ(WaitExit(second, 30s), "exit code 0");
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
-  ExpectEachEvaluatedOnce(store->get(), std::stoll(s.search_id), h.Evaluated());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(s.search_id), h.Evaluated(), {held});
 }
 
 TEST(GpuWorkerE2E, WrongTokenEndsTheWorker) {

@@ -271,7 +271,7 @@ TEST(SlurmE2E, TwoWorkerJobsOneScancelledEveryCandidateEvaluatedOnce) {
 
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
-  ExpectEachEvaluatedOnce(store->get(), std::stoll(started.search_id), h.Evaluated());
+  ExpectEachEvaluatedOnce(store->get(), std::stoll(started.search_id), h.Evaluated(), {victim});
 }
 
 }  // namespace
