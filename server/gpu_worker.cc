@@ -129,6 +129,7 @@ void GpuWorker::RenewLoop() {
 void GpuWorker::ServeDevice(int device) {
   // One problem's evaluator at a time per GPU: its reference holds GPU memory.
   std::string loaded_sha;
+  std::string loaded_problem;  // its id, for lease affinity
   std::unique_ptr<CandidateEvaluator> evaluator;
   auto idle_since = Clock::now();
   double backoff = 0.5;
@@ -146,6 +147,7 @@ void GpuWorker::ServeDevice(int device) {
     req.set_worker(who);
     req.set_max_candidates(options_.batch);
     req.set_lease_seconds(options_.lease_s);
+    if (evaluator) req.set_prefer_problem_id(loaded_problem);
     auto resp = client_->LeaseCandidates(req);
     if (!resp.ok()) {
       if (!Transient(resp.status())) return Fail(resp.status().WithContext("leasing from " + options_.client.address));
@@ -207,6 +209,7 @@ void GpuWorker::ServeDevice(int device) {
         }
         evaluator = std::move(*made);
         loaded_sha = p->second.sha256();
+        loaded_problem = problem_id;
       }
       auto results = evaluator->EvaluateBatch(batch);
       if (!results.ok() || results->size() != batch.size()) {

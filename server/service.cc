@@ -406,8 +406,12 @@ grpc::Status KernelSearchService::LeaseCandidates(grpc::ServerContext* ctx, cons
     int max = std::min(std::max(1, req->max_candidates()), lim.max_lease_candidates);
     KS_ASSIGN_OR_RETURN(double lease_s, ResolveLeaseSeconds(req->lease_seconds(), lim));
     const std::string worker = req->worker().empty() ? ctx->peer() : req->worker();
+    int64_t prefer = 0;
+    if (!req->prefer_problem_id().empty()) {
+      KS_ASSIGN_OR_RETURN(prefer, ParseId("prefer_problem_id", req->prefer_problem_id()));
+    }
     KS_ASSIGN_OR_RETURN(std::vector<store::LeasedCandidateRow> leased,
-                        deps_.store->LeaseCandidates(worker, max, lease_s, NowSeconds()));
+                        deps_.store->LeaseCandidates(worker, max, lease_s, NowSeconds(), prefer));
     resp->set_lease_seconds(lease_s);
     for (const auto& l : leased) {
       pb::LeasedCandidate* out = resp->add_candidates();

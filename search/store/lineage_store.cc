@@ -1181,7 +1181,8 @@ Status LineageStore::CopyEvaluationLocked(int64_t to_candidate, int64_t from_can
 }
 
 StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const std::string& worker, int max,
-                                                                       double lease_s, double now) {
+                                                                       double lease_s, double now,
+                                                                       int64_t prefer_problem) {
   std::lock_guard<std::mutex> lock(mu_);
   Transaction txn(db_.get());
   KS_RETURN_IF_ERROR(txn.Begin());
@@ -1194,8 +1195,8 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
                  " AND NOT EXISTS (SELECT 1 FROM candidates c2 JOIN leases l2 ON l2.candidate_id = c2.id"
                  "   JOIN searches s2 ON s2.id = c2.search_id WHERE c2.content_hash = c.content_hash"
                  "   AND s2.problem_id = s.problem_id AND c2.id != c.id AND l2.expires_at > ?1)"
-                 " ORDER BY c.id LIMIT 512");
-  q.Bind(1, now);
+                 " ORDER BY s.problem_id = ?2 DESC, c.id LIMIT 512");
+  q.Bind(1, now).Bind(2, prefer_problem);
   struct Found {
     CandidateRow c;
     int64_t problem_id;

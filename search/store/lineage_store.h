@@ -298,8 +298,10 @@ class LineageStore {
   // same candidate. A candidate identical (content hash) to one already
   // evaluated for the same problem gets that evaluation copied instead; one
   // identical to a candidate under a live lease waits for its result.
+  // `prefer_problem` (0 = none): that problem's candidates come first, so a
+  // worker keeps the reference it has loaded.
   StatusOr<std::vector<LeasedCandidateRow>> LeaseCandidates(const std::string& worker, int max, double lease_s,
-                                                            double now);
+                                                            double now, int64_t prefer_problem = 0);
   // Extends the given live leases to now + lease_s (release: ends them now, so
   // their candidates go to the next worker at once). Returns the lease ids
   // that are no longer held (expired, released, or already reported).

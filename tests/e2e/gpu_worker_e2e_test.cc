@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
@@ -156,6 +157,61 @@ TEST(GpuWorkerE2E, EvaluateKernelSaysTheServerHasNoGpu) {
   req.set_source("extern \"C\" __global__ void k() {}");
   req.set_plan_json(R"({"launches": []})");
   EXPECT_EQ(c->EvaluateKernel(req).status().code(), Code::kFailedPrecondition);
+}
+
+// `--gpus` on the CLI (search, evaluate-pending): a pool of scripted
+// evaluators, one per listed GPU, behind the search as one evaluator.
+TEST(GpusFlag, SearchAndEvaluatePendingRunOnAPool) {
+  ServerHarness h({.eval_delay_ms = 20});  // its directory, model script and evaluator config; no server
+  auto seeded = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(seeded.ok());
+  auto problem = (*seeded)->GetProblem(h.SeedProblem());
+  ASSERT_TRUE(problem.ok());
+  ASSERT_TRUE(WriteFile(h.Path("copy.py"), problem->source).ok());
+  ASSERT_TRUE(WriteFile(h.Path("signature.json"), problem->signature_json).ok());
+  auto run = [&](std::vector<std::string> args) {
+    SubprocessOptions o;
+    o.argv = {KS_CLI_BINARY};
+    o.argv.insert(o.argv.end(), args.begin(), args.end());
+    o.timeout_s = 120;
+    auto r = RunSubprocess(o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : SubprocessResult{};
+  };
+  auto search = [&](const std::string& db, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"search", h.Path("copy.py"), "--db", db, "--signature", h.Path("signature.json"),
+                                     "--model", "command:" + h.Path("model.sh"), "--rounds", "1", "--ideas", "2",
+                                     "--branches", "2", "--beam", "1", "--repair", "0", "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  };
+  const std::string evaluator = "fake:" + h.Path("evaluator.json");
+
+  // A whole search on three GPUs.
+  auto whole = search(h.Path("whole.db"), {"--evaluator", evaluator, "--gpus", "0,1,2"});
+  ASSERT_TRUE(whole.Succeeded()) << whole.Describe() << whole.err;
+  {
+    auto store = store::LineageStore::Open(h.Path("whole.db"));
+    ASSERT_TRUE(store.ok());
+    ExpectEachEvaluatedOnce(store->get(), 1, h.Evaluated());
+  }
+
+  // A split search: generated here, evaluated by evaluate-pending on two GPUs.
+  std::filesystem::remove(h.Path("evaluated.log"));
+  auto generated = search(h.Path("split.db"), {"--generate-only"});
+  ASSERT_TRUE(generated.Succeeded()) << generated.Describe() << generated.err;
+  auto pending = run({"evaluate-pending", "--db", h.Path("split.db"), "--evaluator", evaluator, "--gpus", "0,1",
+                      "--quiet"});
+  ASSERT_TRUE(pending.Succeeded()) << pending.Describe() << pending.err;
+  {
+    auto store = store::LineageStore::Open(h.Path("split.db"));
+    ASSERT_TRUE(store.ok());
+    ExpectEachEvaluatedOnce(store->get(), 1, h.Evaluated());
+  }
+
+  auto twice = search(h.Path("bad.db"), {"--evaluator", evaluator, "--gpus", "0,0"});
+  EXPECT_EQ(twice.exit_code, 2) << twice.err;
+  EXPECT_NE(twice.err.find("GPU 0 named twice"), std::string::npos) << twice.err;
 }
 
 }  // namespace

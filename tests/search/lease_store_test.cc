@@ -152,6 +152,25 @@ TEST_F(LeaseStoreTest, IdenticalCandidatesAreEvaluatedOnce) {
   EXPECT_EQ(store_->GetCandidate(d)->evaluation->reused_from, a);
 }
 
+TEST_F(LeaseStoreTest, PreferredProblemComesFirst) {
+  ProblemRow p;
+  p.name = "other";
+  p.file_path = "other.py";
+  p.source = "# other";
+  p.sha256 = "sha-other";
+  int64_t other = *store_->PutProblem(p);
+  int64_t other_search = *store_->CreateSearch(other, SearchConfigToJson(SearchConfig{}).dump());
+  int64_t a = AddCandidate("a");
+  int64_t b = AddCandidate("b", other_search);
+  auto l = store_->LeaseCandidates("w1", 1, 10, 1000, other);
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].candidate.id, b);
+  EXPECT_EQ((*l)[0].problem_id, other);
+  l = store_->LeaseCandidates("w1", 1, 10, 1000, other);
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].candidate.id, a) << "then the others, oldest first";
+}
+
 TEST_F(LeaseStoreTest, ConcurrentWorkersNeverShareACandidate) {
   for (int i = 0; i < 60; ++i) AddCandidate("k" + std::to_string(i));
   std::mutex mu;
