@@ -116,11 +116,14 @@ StatusOr<GpuEvaluators> MakeGpuEvaluators(const EvalArgs& a, const std::string& 
   for (int d : devices) {
     KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, MakeGpuEvaluator(a, problem, d));
     out.members.push_back(ev.get());
-    members.push_back(std::move(ev));
+    members.push_back(std::make_unique<DeviceBoundEvaluator>(std::move(ev), d));
     labels.push_back("gpu " + std::to_string(d));
   }
-  if (members.size() == 1) out.evaluator = std::move(members.front());
-  else out.evaluator = std::make_unique<EvaluatorPool>(std::move(members), std::move(labels));
+  if (members.size() == 1) {
+    out.evaluator = std::move(members.front());
+  } else {
+    out.evaluator = std::make_unique<EvaluatorPool>(std::move(members), std::move(labels));
+  }
   return out;
 }
 

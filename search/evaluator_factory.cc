@@ -116,7 +116,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     auto make = [&](int device) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
       KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(device));
       if (device == devices.front()) made.gpu = facts_of(ev.get());
-      return std::unique_ptr<CandidateEvaluator>(std::move(ev));
+      return std::unique_ptr<CandidateEvaluator>(std::make_unique<DeviceBoundEvaluator>(std::move(ev), device));
     };
     KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
     made.evaluator = std::move(pool);

@@ -6,7 +6,19 @@
 #include <thread>
 #include <utility>
 
+#include "evaluator/cuda_driver.h"
+
 namespace ks {
+
+DeviceBoundEvaluator::~DeviceBoundEvaluator() {
+  auto ctx = PrimaryContext::Open(device_);  // failing that, the driver is gone anyway
+  inner_.reset();
+}
+
+StatusOr<std::vector<Evaluation>> DeviceBoundEvaluator::EvaluateBatch(const std::vector<Candidate>& candidates) {
+  KS_ASSIGN_OR_RETURN(PrimaryContext ctx, PrimaryContext::Open(device_));
+  return inner_->EvaluateBatch(candidates);
+}
 
 StatusOr<std::vector<int>> ParseGpuList(const std::string& text, int device_count) {
   if (text == "all") {

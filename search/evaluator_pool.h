@@ -33,6 +33,24 @@ namespace ks {
 // evaluator): any non-negative ordinal is taken, and "all" is device 0.
 StatusOr<std::vector<int>> ParseGpuList(const std::string& text, int device_count);
 
+// A GPU evaluator makes driver calls (verification, profiling) on the thread
+// that calls it, with its device's primary context current; in a pool that is
+// not the thread that created it. This wrapper makes the device's primary
+// context current on the calling thread around every call and around the
+// wrapped evaluator's destruction. Thread-safety: as the wrapped evaluator.
+class DeviceBoundEvaluator final : public CandidateEvaluator {
+ public:
+  DeviceBoundEvaluator(std::unique_ptr<CandidateEvaluator> inner, int device)
+      : inner_(std::move(inner)), device_(device) {}
+  ~DeviceBoundEvaluator() override;
+  StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
+  std::string DeviceName() const override { return inner_->DeviceName(); }
+
+ private:
+  std::unique_ptr<CandidateEvaluator> inner_;
+  const int device_;
+};
+
 class EvaluatorPool final : public CandidateEvaluator {
  public:
   // `members` must not be empty; member i is reported as `labels[i]` in errors

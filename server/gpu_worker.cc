@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "evaluator/evaluation.h"
+#include "search/search_config.h"
 #include "server/orchestrator_runner.h"
 
 namespace ks::server {
@@ -84,17 +85,19 @@ void GpuWorker::Drop(const std::vector<std::string>& lease_ids) {
 
 int GpuWorker::Stop() {
   std::vector<std::string> ids;
+  Client* client = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     ids.assign(held_.begin(), held_.end());
+    client = client_.get();  // set under mu_ by Run(); lives as long as the worker
   }
   cv_.notify_all();
-  if (ids.empty() || !client_) return 0;
+  if (ids.empty() || !client) return 0;
   pb::RenewLeasesRequest req;
   for (const auto& id : ids) req.add_lease_ids(id);
   req.set_release(true);
-  auto r = client_->RenewLeases(req);
+  auto r = client->RenewLeases(req);
   if (!r.ok()) Log("could not give the leases back (they expire on their own): " + r.status().ToString());
   Drop(ids);
   return r.ok() ? static_cast<int>(ids.size()) : 0;
@@ -131,6 +134,7 @@ void GpuWorker::ServeDevice(int device) {
   std::string loaded_sha;
   std::string loaded_problem;  // its id, for lease affinity
   std::unique_ptr<CandidateEvaluator> evaluator;
+  std::string facts_json;  // what this GPU measured, sent with the next report
   auto idle_since = Clock::now();
   double backoff = 0.5;
   const std::string who = options_.name + "/gpu" + std::to_string(device);
@@ -199,7 +203,8 @@ void GpuWorker::ServeDevice(int device) {
         EvaluatorOptions eo = options_.evaluator;
         eo.device = device;
         eo.gpus.clear();
-        auto made = MakeStoredProblemEvaluator(row, eo);
+        std::optional<GpuFacts> facts;
+        auto made = MakeStoredProblemEvaluator(row, eo, &facts);
         if (!made.ok()) {
           Log("preparing problem " + problem_id + " (" + row.name + "): " + made.status().ToString() +
               "; giving the leases back");
@@ -210,6 +215,7 @@ void GpuWorker::ServeDevice(int device) {
         evaluator = std::move(*made);
         loaded_sha = p->second.sha256();
         loaded_problem = problem_id;
+        if (facts) facts_json = GpuFactsToJson(*facts).dump();
       }
       auto results = evaluator->EvaluateBatch(batch);
       if (!results.ok() || results->size() != batch.size()) {
@@ -232,7 +238,9 @@ void GpuWorker::ServeDevice(int device) {
         rep.set_candidate_id(c->candidate_id());
         rep.set_lease_id(c->lease_id());
         rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
+        rep.set_gpu_facts_json(facts_json);
         auto r = client_->ReportEvaluation(rep);
+        if (r.ok()) facts_json.clear();
         Drop({c->lease_id()});
         std::lock_guard<std::mutex> lock(mu_);
         if (r.ok()) {
@@ -250,7 +258,11 @@ void GpuWorker::ServeDevice(int device) {
 }
 
 Status GpuWorker::Run() {
-  KS_ASSIGN_OR_RETURN(client_, Client::Connect(options_.client));
+  {
+    KS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options_.client));
+    std::lock_guard<std::mutex> lock(mu_);
+    client_ = std::move(client);
+  }
   if (options_.devices.empty()) return InvalidArgument("gpu-worker: no GPU to evaluate on");
   Log("serving " + std::to_string(options_.devices.size()) + " GPU(s) for " + options_.client.address);
   std::thread renewer([this] { RenewLoop(); });

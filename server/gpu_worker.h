@@ -77,10 +77,10 @@ class GpuWorker {
   bool SleepUnlessStopped(double seconds);
 
   GpuWorkerOptions options_;
-  std::unique_ptr<Client> client_;
-  double lease_s_ = 0;  // the length the server granted (its answer to the first lease)
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;  // guards the fields below
+  std::unique_ptr<Client> client_;  // set once by Run(); thread-safe itself
+  double lease_s_ = 0;  // the length the server granted (its answer to the first lease)
   std::condition_variable cv_;
   std::set<std::string> held_;  // live lease ids
   Status fatal_;

@@ -468,8 +468,22 @@ grpc::Status KernelSearchService::ReportEvaluation(grpc::ServerContext* ctx, con
     if (!j.is_object()) return InvalidArgument("evaluation_json is not a JSON object");
     auto evaluation = EvaluationFromJson(j);
     if (!evaluation.ok()) return InvalidArgument("evaluation_json: " + evaluation.status().message());
+    std::optional<GpuFacts> facts;
+    if (!req->gpu_facts_json().empty()) {
+      KS_RETURN_IF_ERROR(ValidateSource("gpu_facts_json", req->gpu_facts_json(), 64 << 10));
+      nlohmann::json f = nlohmann::json::parse(req->gpu_facts_json(), nullptr, /*allow_exceptions=*/false);
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+        return InvalidArgument("gpu_facts_json is not a GPU facts object");
+      facts = GpuFactsFromJson(f);
+      if (facts->name.empty() || facts->name.size() > 256) return InvalidArgument("gpu_facts_json: bad GPU name");
+    }
     KS_ASSIGN_OR_RETURN(store::LineageStore::LeaseCompletion done,
                         deps_.store->CompleteLease(id, req->lease_id(), *evaluation, NowSeconds()));
+    // Re-serialized: only the fields the prompts know reach the store.
+    if (facts) {
+      KS_RETURN_IF_ERROR(
+          deps_.store->PutGpuFacts(facts->name, GpuFactsToJson(*facts).dump(), done.searches.front()));
+    }
     // The search's best kernel, as the orchestrator keeps it after a batch.
     for (int64_t s : done.searches) {
       KS_ASSIGN_OR_RETURN(auto best, deps_.store->BestCorrect(s));

@@ -1192,6 +1192,7 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
                  " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id"
                  " JOIN searches s ON s.id = c.search_id LEFT JOIN leases l ON l.candidate_id = c.id"
                  " WHERE c.state = 'pending' AND (l.candidate_id IS NULL OR l.expires_at <= ?1)"
+                 " AND s.status NOT IN ('cancelled', 'failed')"
                  " AND NOT EXISTS (SELECT 1 FROM candidates c2 JOIN leases l2 ON l2.candidate_id = c2.id"
                  "   JOIN searches s2 ON s2.id = c2.search_id WHERE c2.content_hash = c.content_hash"
                  "   AND s2.problem_id = s.problem_id AND c2.id != c.id AND l2.expires_at > ?1)"

@@ -294,7 +294,7 @@ class LineageStore {
   // ---- GPU worker leases (issue 13) ----
   // Leases up to `max` pending candidates (oldest first) to `worker` until
   // now + lease_s: those never leased, and those whose lease expired (their
-  // worker died). One transaction, so two servers or threads never lease the
+  // worker died); never those of a cancelled or failed search. One transaction, so two servers or threads never lease the
   // same candidate. A candidate identical (content hash) to one already
   // evaluated for the same problem gets that evaluation copied instead; one
   // identical to a candidate under a live lease waits for its result.

@@ -73,6 +73,10 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
   ServerHarness h({.eval_delay_ms = 1000, .evaluator = "workers"});
   StartedSearch s = StartSmallSearch(h);
   ASSERT_FALSE(s.search_id.empty());
+  // The workers' "GPU" reports its facts; they reach the search's store rows.
+  nlohmann::json ev = {{"delay_ms", 1000}, {"log", h.Path("evaluated.log")},
+                       {"gpu", {{"name", "Fake H100"}, {"sm_count", 132}, {"memory_bandwidth_gbps", 3000}}}};
+  ASSERT_TRUE(WriteFile(h.Path("evaluator.json"), ev.dump()).ok());
 
   ChildProcess doomed = StartWorker(h, "doomed", 3);
   ChildProcess survivor = StartWorker(h, "survivor", 3);
@@ -106,6 +110,9 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
   auto v = (*store)->GetCandidate(victim);
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->evaluation.has_value());
+  auto facts = (*store)->LatestGpuFactsForSearch(std::stoll(s.search_id));
+  ASSERT_TRUE(facts.ok() && facts->has_value());
+  EXPECT_NE((*facts)->find("Fake H100"), std::string::npos) << **facts;
 }
 
 TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {

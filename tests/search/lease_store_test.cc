@@ -152,6 +152,14 @@ TEST_F(LeaseStoreTest, IdenticalCandidatesAreEvaluatedOnce) {
   EXPECT_EQ(store_->GetCandidate(d)->evaluation->reused_from, a);
 }
 
+TEST_F(LeaseStoreTest, CancelledSearchesAreNotLeased) {
+  AddCandidate("a");
+  ASSERT_TRUE(store_->SetSearchStatus(search_, SearchStatus::kCancelled, "cancelled").ok());
+  EXPECT_TRUE(store_->LeaseCandidates("w1", 5, 10, 1000)->empty());
+  ASSERT_TRUE(store_->SetSearchStatus(search_, SearchStatus::kPending, "interrupted by server shutdown").ok());
+  EXPECT_EQ(store_->LeaseCandidates("w1", 5, 10, 1000)->size(), 1u);
+}
+
 TEST_F(LeaseStoreTest, PreferredProblemComesFirst) {
   ProblemRow p;
   p.name = "other";
