@@ -239,7 +239,13 @@ void GpuWorker::ServeDevice(int device) {
         rep.set_lease_id(c->lease_id());
         rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
         rep.set_gpu_facts_json(facts_json);
+        // A server that is briefly away gets the result a little later; the
+        // renewer keeps the lease meanwhile.
         auto r = client_->ReportEvaluation(rep);
+        for (double wait = 0.5; !r.ok() && Transient(r.status()) && wait <= 8 && !stop_; wait *= 2) {
+          SleepUnlessStopped(wait);
+          r = client_->ReportEvaluation(rep);
+        }
         if (r.ok()) facts_json.clear();
         Drop({c->lease_id()});
         std::lock_guard<std::mutex> lock(mu_);
