@@ -204,7 +204,9 @@ void GpuWorker::ServeDevice(int device) {
         eo.device = device;
         eo.gpus.clear();
         std::optional<GpuFacts> facts;
+        std::unique_lock<std::shared_mutex> preparing(prepare_mu_);
         auto made = MakeStoredProblemEvaluator(row, eo, &facts);
+        preparing.unlock();
         if (!made.ok()) {
           Log("preparing problem " + problem_id + " (" + row.name + "): " + made.status().ToString() +
               "; giving the leases back");
@@ -217,7 +219,10 @@ void GpuWorker::ServeDevice(int device) {
         loaded_problem = problem_id;
         if (facts) facts_json = GpuFactsToJson(*facts).dump();
       }
+      std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
+      if (device == 0) timing.lock();
       auto results = evaluator->EvaluateBatch(batch);
+      if (timing.owns_lock()) timing.unlock();
       if (!results.ok() || results->size() != batch.size()) {
         Log("evaluator on GPU " + std::to_string(device) + ": " +
             (results.ok() ? std::string("wrong result count") : results.status().ToString()) +

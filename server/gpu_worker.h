@@ -4,7 +4,8 @@
 //
 // One thread per GPU, each with its own evaluator per problem (created for its
 // device; a GPU serves one candidate batch at a time, so timings are never
-// disturbed by work on the same GPU). Each thread loops: lease up to `batch`
+// disturbed by work on the same GPU; the reference bridge, which runs on
+// device 0, never overlaps device 0's timing). Each thread loops: lease up to `batch`
 // pending candidates → prepare the problem's reference from the source the
 // server sent (kept for the next candidates of the same problem) → evaluate →
 // report each result with its lease id. A renewer thread extends every held
@@ -22,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,12 @@ class GpuWorker {
 
   GpuWorkerOptions options_;
   std::atomic<bool> stop_{false};
+  // The reference bridge computes on CUDA device 0 (evaluator/problem.h), so
+  // preparing a problem (exclusive) and timing candidates on device 0 (shared)
+  // never overlap; preparations also run one at a time, so that the GPUs
+  // after the first find the reference in the cache instead of computing it
+  // again at once.
+  std::shared_mutex prepare_mu_;
   mutable std::mutex mu_;  // guards the fields below
   std::unique_ptr<Client> client_;  // set once by Run(); thread-safe itself
   double lease_s_ = 0;  // the length the server granted (its answer to the first lease)
