@@ -29,12 +29,12 @@ namespace pb = ::kernelsearch::v1;
 using namespace std::chrono_literals;
 
 ChildProcess StartWorker(const ServerHarness& h, const std::string& name, double lease_s,
-                         const std::string& token_file = "") {
+                         const std::string& token_file = "", const std::string& gpus = "0") {
   std::vector<std::string> argv = {KS_CLI_BINARY,  "gpu-worker",
                                    "--server",     h.address(),
                                    "--token-file", token_file.empty() ? h.Path("token") : token_file,
                                    "--evaluator",  "fake:" + h.Path("evaluator.json"),
-                                   "--gpus",       "0",
+                                   "--gpus",       gpus,
                                    "--name",       name,
                                    "--lease-seconds", std::to_string(lease_s),
                                    "--poll",       "0.2"};
@@ -79,7 +79,7 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
   ASSERT_TRUE(WriteFile(h.Path("evaluator.json"), ev.dump()).ok());
 
   ChildProcess doomed = StartWorker(h, "doomed", 3);
-  ChildProcess survivor = StartWorker(h, "survivor", 3);
+  ChildProcess survivor = StartWorker(h, "survivor", 3, "", "0,1");  // two (fake) GPUs, a thread each
   // The doomed worker's first lease; then SIGKILL while its 1 s evaluation runs.
   int64_t victim = 0;
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -103,6 +103,10 @@ TEST(GpuWorkerE2E, OneOfTwoWorkersKilledMidEvaluationNothingLostNothingDoubled) 
   for (const auto& l : LeasesFromServerLog(h.Log()))
     if (l.candidate == victim && l.attempt >= 2 && l.worker.rfind("survivor/", 0) == 0) retried = true;
   EXPECT_TRUE(retried) << h.Log();
+  std::set<std::string> survivor_gpus;
+  for (const auto& l : LeasesFromServerLog(h.Log()))
+    if (l.worker.rfind("survivor/", 0) == 0) survivor_gpus.insert(l.worker);
+  EXPECT_EQ(survivor_gpus.size(), 2u) << "both of the survivor's GPUs took work\n" << h.Log();
 
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
