@@ -907,6 +907,13 @@ Status LineageStore::PutEvaluationLocked(int64_t candidate_id, const Evaluation&
     KS_RETURN_IF_ERROR(u.Run());
     if (sqlite3_changes(db_.get()) == 0) return NotFound("no candidate with id " + std::to_string(candidate_id));
   }
+  {
+    // An evaluated candidate holds no lease (whoever evaluated it: a worker,
+    // evaluate-pending, a local search); a late report under one is refused.
+    KS_STMT(d, "DELETE FROM leases WHERE candidate_id = ?");
+    d.Bind(1, candidate_id);
+    KS_RETURN_IF_ERROR(d.Run());
+  }
   return Status::Ok();
 }
 
@@ -1286,12 +1293,7 @@ StatusOr<LineageStore::LeaseCompletion> LineageStore::CompleteLease(int64_t cand
     search_id = q.Int(1);
     hash = q.Text(2);
   }
-  KS_RETURN_IF_ERROR(PutEvaluationLocked(candidate_id, evaluation, std::nullopt));
-  {
-    KS_STMT(d, "DELETE FROM leases WHERE candidate_id = ?");
-    d.Bind(1, candidate_id);
-    KS_RETURN_IF_ERROR(d.Run());
-  }
+  KS_RETURN_IF_ERROR(PutEvaluationLocked(candidate_id, evaluation, std::nullopt));  // ends the lease
   std::vector<int64_t> searches = {search_id};
   std::vector<std::pair<int64_t, int64_t>> twins;  // (candidate, search)
   {

@@ -152,6 +152,19 @@ TEST_F(LeaseStoreTest, IdenticalCandidatesAreEvaluatedOnce) {
   EXPECT_EQ(store_->GetCandidate(d)->evaluation->reused_from, a);
 }
 
+TEST_F(LeaseStoreTest, EvaluatedElsewhereWhileLeasedRefusesTheLateReport) {
+  int64_t a = AddCandidate("a");
+  auto l = store_->LeaseCandidates("w1", 1, 60, 1000);
+  ASSERT_EQ(l->size(), 1u);
+  // evaluate-pending on the same store got there first.
+  ASSERT_TRUE(store_->PutEvaluation(a, Correct(1), std::nullopt).ok());
+  EXPECT_EQ(store_->CompleteLease(a, (*l)[0].lease_id, Correct(2), 1001).status().code(),
+            Code::kFailedPrecondition);
+  EXPECT_EQ(*store_->RenewLeases({(*l)[0].lease_id}, 60, 1002, false), std::vector<std::string>{(*l)[0].lease_id})
+      << "its lease ended with the evaluation";
+  EXPECT_EQ(*store_->GetCandidate(a)->evaluation->median_ms, 1);
+}
+
 TEST_F(LeaseStoreTest, CancelledSearchesAreNotLeased) {
   AddCandidate("a");
   ASSERT_TRUE(store_->SetSearchStatus(search_, SearchStatus::kCancelled, "cancelled").ok());
