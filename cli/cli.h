@@ -42,6 +42,10 @@ StatusOr<std::pair<std::string, uint64_t>> ResolveCacheFlags(const CacheFlags& f
 // The --python option, the same on every command that runs the reference bridge.
 void AddPythonOption(CLI::App* sub, std::string* python);
 
+// The --gpus option (search/evaluator_pool.h): "all" or "0,1,..", one
+// evaluator per GPU; empty = GPU 0 only.
+void AddGpusOption(CLI::App* sub, std::string* gpus);
+
 // Where bundled data lives (prompts/, problems/, evaluator/reference/): the source
 // tree for a build, share/kernelsearch for an installed binary, or KS_DATA_DIR.
 std::string DataDir();
@@ -57,5 +61,6 @@ void RegisterBrowseCommands(CLI::App& app);  // history, best, show, lineage, ex
 void RegisterServeCommand(CLI::App& app);    // serve (gRPC server)
 void RegisterReportCommand(CLI::App& app);   // report (HTML page of a search)
 void RegisterRemoteCommands(CLI::App& app);  // submit, watch, cancel, remote history|best|show|lineage|eval
+void RegisterGpuWorkerCommand(CLI::App& app);  // gpu-worker (pulls leased candidates from a server)
 
 }  // namespace ks::cli

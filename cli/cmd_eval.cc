@@ -16,6 +16,7 @@
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
 #include "search/evaluator_factory.h"
+#include "search/evaluator_pool.h"
 #include "search/suite.h"
 
 namespace ks::cli {
@@ -26,6 +27,7 @@ struct EvalArgs {
   std::string problem, candidate, plan, python;
   std::string problems_dir;  // --problems: batch over a level
   std::string evaluator;     // "" / gpu, or fake[:FILE] (tests)
+  std::string gpus;          // --gpus: "" = GPU 0; "all" or "0,1" (search/evaluator_pool.h)
   int sets = 3;
   bool json = false;
   bool keep_privileges = false;
@@ -53,7 +55,8 @@ std::vector<std::string> CandidateFiles(const std::string& dir) {
 
 // The GPU evaluator for one problem, with eval's options (input sets, run
 // timeout, privileges). Warnings go to stderr.
-StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, const std::string& problem) {
+StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, const std::string& problem,
+                                                         int device = 0) {
   ReferenceOptions ro;
   ro.bridge.python = a.python;
   ro.sets = a.sets;
@@ -62,11 +65,12 @@ StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, cons
   KS_ASSIGN_OR_RETURN(auto cache, ResolveCacheFlags(a.cache));
   std::tie(ro.cache_dir, ro.cache_cap) = cache;
   // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
-  if (auto free_mem = FreeDeviceMemory(0); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
+  if (auto free_mem = FreeDeviceMemory(device); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
   if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", problem.c_str());
   KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem, ro));
   for (const auto& w : ref.warnings) std::fprintf(stderr, "warning: %s: %s\n", problem.c_str(), w.c_str());
   GpuEvaluatorOptions go;
+  go.device = device;
   go.drop_privileges = !a.keep_privileges;
   go.run_timeout_s = a.run_timeout_s;
   go.python = a.python;
@@ -86,6 +90,41 @@ StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, cons
                    problem.c_str(), peaks.status().message().c_str());
   }
   return ev;
+}
+
+// --gpus (issue 13): one GPU evaluator per GPU, made one after another (the
+// first prepares the cached reference the others reuse), behind an
+// EvaluatorPool; a single GPU is used as it is.
+struct GpuEvaluators {
+  std::unique_ptr<CandidateEvaluator> evaluator;
+  std::vector<GpuEvaluator*> members;
+  int worker_restarts() const {
+    int n = 0;
+    for (const auto* m : members) n += m->worker_restarts();
+    return n;
+  }
+};
+
+StatusOr<GpuEvaluators> MakeGpuEvaluators(const EvalArgs& a, const std::string& problem) {
+  EvaluatorOptions eo;
+  eo.spec = "gpu";
+  eo.gpus = a.gpus;
+  KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(eo));
+  GpuEvaluators out;
+  std::vector<std::unique_ptr<CandidateEvaluator>> members;
+  std::vector<std::string> labels;
+  for (int d : devices) {
+    KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, MakeGpuEvaluator(a, problem, d));
+    out.members.push_back(ev.get());
+    members.push_back(std::make_unique<DeviceBoundEvaluator>(std::move(ev), d));
+    labels.push_back("gpu " + std::to_string(d));
+  }
+  if (members.size() == 1) {
+    out.evaluator = std::move(members.front());
+  } else {
+    out.evaluator = std::make_unique<EvaluatorPool>(std::move(members), std::move(labels));
+  }
+  return out;
 }
 
 // A folder of ready kernels against a folder of problems: kernels are matched
@@ -140,7 +179,8 @@ int RunLevel(const EvalArgs& a) {
         }
         std::unique_ptr<CandidateEvaluator> ev;
         if (fake) {
-          auto made = MakeEvaluator(problem, {.spec = a.evaluator, .python = a.python});
+          auto made =
+              MakeEvaluator(problem, {.spec = a.evaluator, .python = a.python, .device = 0, .gpus = a.gpus});
           if (!made.ok()) {
             row.status = "error";
             row.message = made.status().message();
@@ -148,13 +188,13 @@ int RunLevel(const EvalArgs& a) {
           }
           ev = std::move(*made);
         } else {
-          auto made = MakeGpuEvaluator(a, problem);
+          auto made = MakeGpuEvaluators(a, problem);
           if (!made.ok()) {
             row.status = "error";
             row.message = made.status().message();
             return;
           }
-          ev = std::move(*made);
+          ev = std::move(made->evaluator);
         }
         auto results = ev->EvaluateBatch({*cand});
         if (!results.ok() || results->size() != 1) {
@@ -218,14 +258,14 @@ int Run(const EvalArgs& a) {
   }
   std::string why;
   if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("eval needs a GPU: " + why));
-  auto ev = MakeGpuEvaluator(a, a.problem);
+  auto ev = MakeGpuEvaluators(a, a.problem);
   if (!ev.ok()) return ReportError(ev.status());
   std::vector<Candidate> to_eval;
   std::vector<size_t> index;
   for (size_t i = 0; i < cands.size(); ++i)
     if (load_errors[i].empty()) to_eval.push_back(cands[i]), index.push_back(i);
   const auto eval_start = std::chrono::steady_clock::now();
-  auto results = (*ev)->EvaluateBatch(to_eval);
+  auto results = ev->evaluator->EvaluateBatch(to_eval);
   if (!results.ok()) return ReportError(results.status());
   if (a.verbose)
     std::fprintf(stderr, "  %-52s %8.3f\n", "candidates (compile, runs, checks, timing)", SecondsSince(eval_start));
@@ -258,7 +298,7 @@ int Run(const EvalArgs& a) {
       PrintBatchRow(name, EvalStatusName(e.status), &e, e.message);
     }
   }
-  if (!a.json) std::printf("\nworker restarts: %d\n", (*ev)->worker_restarts());
+  if (!a.json) std::printf("\nworker restarts: %d\n", ev->worker_restarts());
   return all_correct ? kExitOk : kExitFailed;
 }
 
@@ -276,6 +316,7 @@ void RegisterEvalCommand(CLI::App& app) {
                   "for 19_ReLU.py; prints the per-problem table and fast_p figures")
       ->check(CLI::ExistingDirectory);
   sub->add_option("--evaluator", a->evaluator, "gpu (default), or fake[:FILE] for tests (with --problems)");
+  AddGpusOption(sub, &a->gpus);
   sub->add_option("--plan", a->plan, "Launch-plan JSON file (single .cu candidate)")->check(CLI::ExistingFile);
   sub->add_option("--sets", a->sets, "Input sets to check against")->capture_default_str()->check(CLI::Range(1, 16));
   sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")

@@ -13,31 +13,22 @@
 #include <fmt/format.h>
 
 #include "cli/cli.h"
+#include "cli/conn_flags.h"
 #include "common/files.h"
 #include "evaluator/candidate_parser.h"
 #include "server/auth.h"
 #include "server/client.h"
 
 namespace ks::cli {
-namespace {
 
-namespace pb = ::kernelsearch::v1;
-
-struct Conn {
-  std::string server;
-  std::string token_file;
-  std::string tls_ca;
-  double timeout_s = 600;
-};
-
-void AddConnOptions(CLI::App* sub, Conn* c) {
+void AddConnOptions(CLI::App* sub, ConnFlags* c) {
   sub->add_option("--server", c->server, "HOST:PORT of `kernelsearch serve` (else $KS_SERVER)");
   sub->add_option("--token-file", c->token_file, "File holding the bearer token (else $KS_SERVER_TOKEN)");
   sub->add_option("--tls-ca", c->tls_ca, "PEM of the CA that signed the server's certificate (TLS)");
   sub->add_option("--timeout", c->timeout_s, "Seconds per call")->capture_default_str();
 }
 
-StatusOr<std::unique_ptr<server::Client>> Connect(const Conn& c) {
+StatusOr<server::ClientOptions> ResolveConnFlags(const ConnFlags& c) {
   server::ClientOptions o;
   o.address = c.server;
   if (o.address.empty()) {
@@ -46,6 +37,17 @@ StatusOr<std::unique_ptr<server::Client>> Connect(const Conn& c) {
   KS_ASSIGN_OR_RETURN(o.token, server::LoadToken(c.token_file));
   o.tls_ca = c.tls_ca;
   o.timeout_s = c.timeout_s;
+  return o;
+}
+
+namespace {
+
+namespace pb = ::kernelsearch::v1;
+
+using Conn = ConnFlags;
+
+StatusOr<std::unique_ptr<server::Client>> Connect(const Conn& c) {
+  KS_ASSIGN_OR_RETURN(server::ClientOptions o, ResolveConnFlags(c));
   return server::Client::Connect(o);
 }
 

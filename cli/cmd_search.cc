@@ -51,6 +51,7 @@ struct SearchFlags {
   bool quiet = false;
   bool json = false;
   std::string evaluator;
+  std::string gpus;  // --gpus: "" = GPU 0; "all" or "0,1" (search/evaluator_pool.h)
   std::string python;
   std::string signature_file;
   std::string gpu_name;
@@ -253,7 +254,8 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   std::unique_ptr<CandidateEvaluator> evaluator;
   std::optional<GpuFacts> measured_gpu;
   if (!f.generate_only) {
-    auto made = MakeSearchEvaluator(problem_file, {.spec = f.evaluator, .python = f.python});
+    auto made = MakeSearchEvaluator(problem_file,
+                                    {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
     if (!made.ok()) return ReportError(made.status());
     evaluator = std::move(made->evaluator);
     // What the prompts say about the GPU is fixed when the search is created:
@@ -453,7 +455,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
     return LoadProblemSignature(file, bridge);
   };
   hooks.evaluator = [&](const std::string& file) {
-    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python});
+    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
   };
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -470,6 +472,7 @@ struct EvaluatePendingFlags {
   std::string db;
   int64_t search = 0;
   std::string evaluator;
+  std::string gpus;  // --gpus: "" = GPU 0; "all" or "0,1" (search/evaluator_pool.h)
   std::string python;
   bool quiet = false;
   bool json = false;
@@ -498,7 +501,8 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     if (!problem.ok()) return ReportError(problem.status());
     auto file = StoredProblemFile(*problem);
     if (!file.ok()) return ReportError(file.status());
-    auto made = MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python});
+    auto made =
+        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
     if (!made.ok()) return ReportError(made.status());
     // What this GPU node measured goes into the store, so that the model side
     // tells the model true figures (search --generate-only --resume / --gpu NAME).
@@ -551,6 +555,7 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
                 "do not show the model the best kernels of similar problems from the store (the kernel bank)");
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
+  AddGpusOption(sub, &f->gpus);
   AddPythonOption(sub, &f->python);
   sub->add_option("--gpu", f->gpu_name, "the GPU the prompts name (default: the evaluator's device)");
   AddLlmOptions(sub, &f->llm, /*require_model=*/false);
@@ -591,6 +596,7 @@ void RegisterSearchCommands(CLI::App& app) {
   ep->add_option("--db", ef->db, "lineage store (default $KS_DB or ~/.local/share/kernelsearch/lineage.db)");
   ep->add_option("--search", ef->search, "only this search");
   ep->add_option("--evaluator", ef->evaluator, "gpu (default), or fake[:FILE] for tests");
+  AddGpusOption(ep, &ef->gpus);
   AddPythonOption(ep, &ef->python);
   ep->add_flag("--quiet", ef->quiet, "no live progress");
   ep->add_flag("--json", ef->json, "JSON lines on stdout");

@@ -20,6 +20,7 @@ namespace {
 struct ServeFlags {
   server::ServerOptions server;
   std::string evaluator;
+  std::string gpus;
   std::string python;
   LlmFlags llm;
 };
@@ -48,6 +49,7 @@ int RunServe(ServeFlags& f) {
   server::OrchestratorRunnerOptions ro;
   ro.evaluator.spec = f.evaluator;
   ro.evaluator.python = f.python;
+  ro.evaluator.gpus = f.gpus;
   ro.llm = f.llm.config;
   if (f.llm.temperature >= 0) ro.llm.temperature = f.llm.temperature;
   if (f.llm.max_tokens > 0) ro.llm.max_tokens = f.llm.max_tokens;
@@ -60,9 +62,12 @@ int RunServe(ServeFlags& f) {
     parts.runner = std::make_unique<server::OrchestratorRunner>(store, &prompt_library, ro);
     parts.load_signature = [bridge](const std::string& path) { return LoadProblemSignature(path, bridge); };
     EvaluatorOptions eo = ro.evaluator;
-    parts.make_evaluator = [eo](const store::ProblemRow& problem) {
-      return server::MakeStoredProblemEvaluator(problem, eo);
-    };
+    // With GPU workers, this server has no GPU of its own: EvaluateKernel says so.
+    if (eo.spec != server::kWorkersEvaluator) {
+      parts.make_evaluator = [eo](const store::ProblemRow& problem) {
+        return server::MakeStoredProblemEvaluator(problem, eo);
+      };
+    }
     parts.search_base = base;
     return parts;
   });
@@ -81,7 +86,10 @@ void RegisterServeCommand(CLI::App& app) {
   sub->add_option("--tls-cert", f->server.tls_cert, "PEM certificate chain (TLS; required beyond loopback)");
   sub->add_option("--tls-key", f->server.tls_key, "PEM private key for --tls-cert");
   sub->add_option("--db", f->server.db_path, "Lineage store (default server.db beside the CLI's lineage.db; the server resumes its unfinished searches)");
-  sub->add_option("--evaluator", f->evaluator, "Evaluator: gpu (default) or fake[:CONFIG.json] for tests");
+  sub->add_option("--evaluator", f->evaluator,
+                  "Evaluator: gpu (default), workers (candidates wait for `kernelsearch gpu-worker` processes, "
+                  "which lease them over this API), or fake[:CONFIG.json] for tests");
+  AddGpusOption(sub, &f->gpus);
   AddPythonOption(sub, &f->python);
   sub->add_option("--max-running", f->server.limits.max_running_searches, "Searches run at once")
       ->capture_default_str();

@@ -25,6 +25,12 @@ void AddPythonOption(CLI::App* sub, std::string* python) {
                   "/usr/bin/python3 that imports torch)");
 }
 
+void AddGpusOption(CLI::App* sub, std::string* gpus) {
+  sub->add_option("--gpus", *gpus,
+                  "GPUs to evaluate on: all, or a list such as 0,1 (one evaluator per GPU, candidates go to whichever "
+                  "is free; default: GPU 0)");
+}
+
 void AddCacheOptions(CLI::App* sub, CacheFlags* flags) {
   sub->add_option("--cache-dir", flags->dir,
                   "reference cache directory (default: $KS_CACHE_DIR, else ~/.cache/kernelsearch/reference)");
@@ -95,6 +101,7 @@ int main(int argc, char** argv) {
   RegisterServeCommand(app);
   RegisterReportCommand(app);
   RegisterRemoteCommands(app);
+  RegisterGpuWorkerCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -15,6 +15,7 @@ packages=(
   python3 python3-torch python3-numpy
   python3-pytest  # tests/export: the exported module's Python, tested as Python
   chromium  # the report test loads `kernelsearch report` pages in headless Chromium
+  slurmctld slurmd slurm-client munge  # the Slurm test starts a one-node cluster on loopback (issue 13)
 )
 missing=()
 for p in "${packages[@]}"; do

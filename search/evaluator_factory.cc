@@ -5,6 +5,7 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
+#include "search/evaluator_pool.h"
 #include "search/scripted_evaluator.h"
 
 namespace ks {
@@ -31,17 +32,47 @@ GpuFacts GpuFactsFromDevice(const DeviceInfo& info, double measured_bandwidth_gb
   return g;
 }
 
+StatusOr<int> CudaDeviceCount() {
+  KS_ASSIGN_OR_RETURN(const CudaDriver* d, CudaDriver::Get());
+  int count = 0;
+  KS_RETURN_IF_ERROR(d->Check(d->cuDeviceGetCount(&count), "cuDeviceGetCount"));
+  return count;
+}
+
+namespace {
+
+bool IsFakeSpec(const std::string& spec) { return spec == "fake" || spec.rfind("fake:", 0) == 0; }
+
+}  // namespace
+
+StatusOr<std::vector<int>> ResolveGpus(const EvaluatorOptions& options) {
+  if (options.gpus.empty()) return std::vector<int>{options.device};
+  int count = -1;  // a fake evaluator stands for any GPU
+  if (!IsFakeSpec(options.spec)) {
+    KS_ASSIGN_OR_RETURN(count, CudaDeviceCount());
+  }
+  return ParseGpuList(options.gpus, count);
+}
+
 StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, const EvaluatorOptions& options) {
   const std::string& spec = options.spec;
   SearchEvaluator made;
-  if (spec == "fake") {
-    made.evaluator = std::make_unique<ScriptedEvaluator>(ScriptedEvaluatorOptions{});
-    return made;
-  }
-  if (spec.rfind("fake:", 0) == 0) {
-    KS_ASSIGN_OR_RETURN(ScriptedEvaluatorOptions o, LoadScriptedEvaluatorOptions(spec.substr(5)));
+  if (IsFakeSpec(spec)) {
+    ScriptedEvaluatorOptions o;
+    if (spec != "fake") {
+      KS_ASSIGN_OR_RETURN(o, LoadScriptedEvaluatorOptions(spec.substr(5)));
+    }
     made.gpu = o.gpu;
-    made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
+    KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
+    if (devices.size() == 1) {
+      made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
+      return made;
+    }
+    auto make = [&o](int) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
+      return std::unique_ptr<CandidateEvaluator>(std::make_unique<ScriptedEvaluator>(o));
+    };
+    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
+    made.evaluator = std::move(pool);
     return made;
   }
   if (spec.empty() || spec == "gpu") {
@@ -50,21 +81,45 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     if (!GpuAvailable(&why))
       return FailedPrecondition("evaluating " + problem_file + " needs a GPU (" + why +
                                 "); use --generate-only here and `kernelsearch evaluate-pending` on a GPU node");
+    KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
     ReferenceOptions ro;
     ro.bridge.python = options.python;
     ro.device = "cuda";
     ro.time = true;
-    // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
-    if (auto free_mem = FreeDeviceMemory(options.device); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
+    // Sets beyond what the GPU holds are not prepared (at least 2; a warning
+    // says so): one reference serves every GPU, so the smallest free memory counts.
+    for (int d : devices) {
+      if (auto free_mem = FreeDeviceMemory(d); free_mem.ok()) {
+        uint64_t budget = *free_mem / 10 * 9;
+        if (ro.device_budget == 0 || budget < ro.device_budget) ro.device_budget = budget;
+      }
+    }
     KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem_file, ro));
-    GpuEvaluatorOptions go;
-    go.device = options.device;
-    go.python = options.python;
-    KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, GpuEvaluator::Create(ref, go));
-    // Peaks are measured once per GPU and cached; a failure only leaves them unknown in prompts.
-    auto peaks = ev->Peaks();
-    made.gpu = GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(), peaks.ok() ? &*peaks : nullptr);
-    made.evaluator = std::move(ev);
+    auto make_one = [&](int device) -> StatusOr<std::unique_ptr<GpuEvaluator>> {
+      GpuEvaluatorOptions go;
+      go.device = device;
+      go.python = options.python;
+      return GpuEvaluator::Create(ref, go);
+    };
+    auto facts_of = [](GpuEvaluator* ev) {
+      // Peaks are measured once per GPU and cached; a failure only leaves them unknown in prompts.
+      auto peaks = ev->Peaks();
+      return GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(), peaks.ok() ? &*peaks : nullptr);
+    };
+    if (devices.size() == 1) {
+      KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(devices.front()));
+      made.gpu = facts_of(ev.get());
+      made.evaluator = std::move(ev);
+      return made;
+    }
+    // The prompts describe the first GPU (the GPUs of one host are alike).
+    auto make = [&](int device) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
+      KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(device));
+      if (device == devices.front()) made.gpu = facts_of(ev.get());
+      return std::unique_ptr<CandidateEvaluator>(std::make_unique<DeviceBoundEvaluator>(std::move(ev), device));
+    };
+    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
+    made.evaluator = std::move(pool);
     return made;
   }
   return InvalidArgument("unknown evaluator '" + spec + "' (gpu, fake, fake:FILE)");

@@ -25,7 +25,11 @@ namespace ks {
 struct EvaluatorOptions {
   std::string spec;     // see above
   std::string python;   // interpreter for the reference bridge; "" = default
-  int device = 0;       // CUDA device ordinal
+  int device = 0;       // CUDA device ordinal (when `gpus` is empty)
+  // `--gpus`: "" = `device` only; "all" or "0,1,..": one evaluator per GPU
+  // behind an EvaluatorPool (search/evaluator_pool.h). With a fake spec, one
+  // scripted evaluator per listed ordinal ("all" = one).
+  std::string gpus;
 };
 
 // An evaluator for one problem and what it knows about its device.
@@ -41,6 +45,13 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
 // The same, without the device facts (callers that only evaluate).
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeEvaluator(const std::string& problem_file,
                                                             const EvaluatorOptions& options);
+
+// The GPUs `options` asks for: {options.device} when `gpus` is empty, else
+// ParseGpuList against this machine's device count (any ordinal for a fake spec).
+StatusOr<std::vector<int>> ResolveGpus(const EvaluatorOptions& options);
+
+// The number of CUDA devices; FailedPrecondition without a driver or GPU.
+StatusOr<int> CudaDeviceCount();
 
 // The facts prompts state about a device, from what the GPU evaluator queried
 // and measured: GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(),

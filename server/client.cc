@@ -55,6 +55,9 @@ KS_CLIENT_UNARY(ListCandidates, pb::ListCandidatesRequest, pb::ListCandidatesRes
 KS_CLIENT_UNARY(GetCandidate, pb::GetCandidateRequest, pb::CandidateDetail)
 KS_CLIENT_UNARY(EvaluateKernel, pb::EvaluateKernelRequest, pb::EvaluateKernelResponse)
 KS_CLIENT_UNARY(GetReport, pb::GetReportRequest, pb::GetReportResponse)
+KS_CLIENT_UNARY(LeaseCandidates, pb::LeaseCandidatesRequest, pb::LeaseCandidatesResponse)
+KS_CLIENT_UNARY(RenewLeases, pb::RenewLeasesRequest, pb::RenewLeasesResponse)
+KS_CLIENT_UNARY(ReportEvaluation, pb::ReportEvaluationRequest, pb::ReportEvaluationResponse)
 #undef KS_CLIENT_UNARY
 
 Status Client::Watch(const std::string& search_id, const std::function<void(const pb::SearchEvent&)>& on_event,

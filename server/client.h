@@ -42,6 +42,11 @@ class Client {
   StatusOr<::kernelsearch::v1::EvaluateKernelResponse> EvaluateKernel(
       const ::kernelsearch::v1::EvaluateKernelRequest& r);
   StatusOr<::kernelsearch::v1::GetReportResponse> GetReport(const ::kernelsearch::v1::GetReportRequest& r);
+  StatusOr<::kernelsearch::v1::LeaseCandidatesResponse> LeaseCandidates(
+      const ::kernelsearch::v1::LeaseCandidatesRequest& r);
+  StatusOr<::kernelsearch::v1::RenewLeasesResponse> RenewLeases(const ::kernelsearch::v1::RenewLeasesRequest& r);
+  StatusOr<::kernelsearch::v1::ReportEvaluationResponse> ReportEvaluation(
+      const ::kernelsearch::v1::ReportEvaluationRequest& r);
 
   // Follows a search: calls `on_event` for each event (the snapshot first)
   // until the stream ends. OK when the server ended it (after `finished`);

@@ -98,6 +98,13 @@ Status ValidateId(const std::string& what, const std::string& id) {
   return Status::Ok();
 }
 
+StatusOr<double> ResolveLeaseSeconds(double requested, const ServerLimits& limits) {
+  if (requested == 0) return limits.default_lease_s;
+  if (!(requested >= limits.min_lease_s && requested <= limits.max_lease_s))
+    return InvalidArgument("lease_seconds must be within " + Num(limits.min_lease_s) + ".." + Num(limits.max_lease_s));
+  return requested;
+}
+
 StatusOr<int> ResolvePageSize(int requested, const ServerLimits& limits) {
   if (requested < 0) return InvalidArgument("page_size must not be negative");
   if (requested == 0) return limits.default_page_size;

@@ -49,6 +49,14 @@ struct ServerLimits {
   int max_running_searches = 1;   // the pool; searches share the GPUs
   int max_queued_searches = 64;   // beyond this StartSearch is RESOURCE_EXHAUSTED
   int max_watchers = 1024;        // open WatchSearch streams, all searches together
+  // GPU worker leases (issue 13): how long a lease lasts unless renewed, and
+  // how much one call may take or report.
+  double default_lease_s = 60;
+  double min_lease_s = 1;
+  double max_lease_s = 3600;
+  int max_lease_candidates = 64;
+  size_t max_worker_name_bytes = 128;
+  size_t max_evaluation_bytes = 3 << 20;  // a reported evaluation (compiler logs included)
   int max_page_size = 500;
   int default_page_size = 50;
   ConfigBounds config;
@@ -69,6 +77,10 @@ Status ValidateName(const std::string& name, size_t max_bytes);
 // An id as the store hands them out: 1..64 of [A-Za-z0-9_-]. InvalidArgument
 // naming `what` when empty or malformed (so NOT_FOUND means "well-formed, absent").
 Status ValidateId(const std::string& what, const std::string& id);
+
+// A requested lease length: 0 → default, else within [min, max] (InvalidArgument
+// naming the bounds otherwise).
+StatusOr<double> ResolveLeaseSeconds(double requested, const ServerLimits& limits);
 
 // Page size: 0 → default, negative → InvalidArgument, above max → max.
 StatusOr<int> ResolvePageSize(int requested, const ServerLimits& limits);

@@ -1,5 +1,9 @@
 #include "server/orchestrator_runner.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "common/files.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
@@ -49,6 +53,39 @@ OrchestratorRunner::OrchestratorRunner(store::LineageStore* store, const PromptL
                                        OrchestratorRunnerOptions options)
     : store_(store), prompts_(prompts), options_(std::move(options)) {}
 
+// GPU workers evaluate (issue 13): the model side runs one generate-only step
+// at a time and, between steps, waits until the workers (kernelsearch
+// gpu-worker, through the lease RPCs) have evaluated what the step left
+// pending; the next step selects the beam from their results and generates
+// the repairs and the next round.
+Status OrchestratorRunner::RunWithWorkers(int64_t search_id, Orchestrator* orchestrator, const std::atomic<bool>* stop,
+                                          const std::function<void()>& progress) {
+  using namespace std::chrono_literals;
+  int idle_steps = 0;
+  for (;;) {
+    KS_ASSIGN_OR_RETURN(SearchOutcome out, orchestrator->Run(search_id, Orchestrator::Mode::kGenerateOnly));
+    if (stop->load() || out.status != store::SearchStatus::kRunning) return Status::Ok();
+    // A step that left nothing to evaluate (its model calls failed): try again
+    // after a pause; the call budget ends a search whose model keeps failing.
+    if (out.pending == 0) {
+      std::this_thread::sleep_for(std::min(10, ++idle_steps) * 1s);
+      continue;
+    }
+    idle_steps = 0;
+    int64_t last = -1;
+    for (;;) {
+      if (stop->load()) return Status::Ok();
+      auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      KS_ASSIGN_OR_RETURN(auto pending, store_->PendingAndLeased(search_id, now));
+      if (pending.first == 0) break;
+      if (pending.first != last) progress();
+      last = pending.first;
+      std::this_thread::sleep_for(200ms);
+    }
+    progress();
+  }
+}
+
 Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
                                const std::function<void()>& progress) {
   KS_ASSIGN_OR_RETURN(store::SearchRow search, store_->GetSearch(search_id));
@@ -56,8 +93,11 @@ Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
   nlohmann::json cj = nlohmann::json::parse(search.config_json, nullptr, /*allow_exceptions=*/false);
   KS_ASSIGN_OR_RETURN(SearchConfig config, SearchConfigFromJson(cj));
   std::optional<GpuFacts> gpu;
-  KS_ASSIGN_OR_RETURN(std::unique_ptr<CandidateEvaluator> evaluator,
-                      MakeStoredProblemEvaluator(problem, options_.evaluator, &gpu));
+  std::unique_ptr<CandidateEvaluator> evaluator;
+  const bool workers = options_.evaluator.spec == kWorkersEvaluator;
+  if (!workers) {
+    KS_ASSIGN_OR_RETURN(evaluator, MakeStoredProblemEvaluator(problem, options_.evaluator, &gpu));
+  }
   // What this server's GPU measured, for the prompts of this search (the
   // orchestrator reads it when the config holds no measured facts) and of
   // split searches that name this GPU.
@@ -75,6 +115,7 @@ Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
   deps.cancel = stop;
   // Watchers read the store; an event only says "look now".
   Orchestrator orchestrator(deps, [&progress](const SearchEvent&) { progress(); });
+  if (workers) return RunWithWorkers(search_id, &orchestrator, stop, progress);
   return orchestrator.Run(search_id).status();
 }
 

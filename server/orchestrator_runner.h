@@ -17,12 +17,18 @@
 #include "llm/llm_factory.h"
 #include "search/prompt_template.h"
 #include "store/lineage_store.h"
+#include "search/orchestrator.h"
 #include "server/search_runner.h"
 
 namespace ks::server {
 
+// The evaluator spec of a server whose GPUs are `kernelsearch gpu-worker`
+// processes elsewhere (Slurm jobs, pods): searches leave their candidates
+// pending and the workers lease them (issue 13).
+inline constexpr char kWorkersEvaluator[] = "workers";
+
 struct OrchestratorRunnerOptions {
-  EvaluatorOptions evaluator;  // spec: "" / "gpu", or "fake[:FILE]" for tests
+  EvaluatorOptions evaluator;  // spec: "" / "gpu", "workers", or "fake[:FILE]" for tests
   LlmConfig llm;               // knobs shared by every search; the spec is each search's model
 };
 
@@ -32,6 +38,8 @@ class OrchestratorRunner final : public SearchRunner {
   Status Run(int64_t search_id, const std::atomic<bool>* stop, const std::function<void()>& progress) override;
 
  private:
+  Status RunWithWorkers(int64_t search_id, Orchestrator* orchestrator, const std::atomic<bool>* stop,
+                        const std::function<void()>& progress);
   store::LineageStore* const store_;
   const PromptLibrary* const prompts_;
   const OrchestratorRunnerOptions options_;

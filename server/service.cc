@@ -1,9 +1,12 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "common/files.h"
 #include "search/report.h"
@@ -13,6 +16,18 @@
 
 namespace ks::server {
 namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A lease id as the store makes them: 32 lowercase hex digits.
+Status ValidateLeaseId(const std::string& id) {
+  bool ok = id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  return ok ? Status::Ok() : InvalidArgument("lease_id is malformed");
+}
 
 // Decodes a page token (the offset into the ordered listing, as decimal).
 StatusOr<size_t> ParsePageToken(const std::string& token) {
@@ -375,6 +390,107 @@ grpc::Status KernelSearchService::EvaluateKernel(grpc::ServerContext* ctx, const
     resp->set_speedup_eager(e.speedup_eager.value_or(0));
     resp->set_speedup_compile(e.speedup_compile.value_or(0));
     resp->set_evaluation_json(EvaluationToJson(e).dump());
+    return Status::Ok();
+  });
+}
+
+// ---- GPU workers (issue 13) ----
+
+grpc::Status KernelSearchService::LeaseCandidates(grpc::ServerContext* ctx, const pb::LeaseCandidatesRequest* req,
+                                                  pb::LeaseCandidatesResponse* resp) {
+  return Handle("LeaseCandidates", ctx->client_metadata(), [&]() -> Status {
+    const ServerLimits& lim = deps_.limits;
+    if (req->worker().size() > lim.max_worker_name_bytes)
+      return InvalidArgument("worker name is longer than " + std::to_string(lim.max_worker_name_bytes) + " bytes");
+    if (req->max_candidates() < 0) return InvalidArgument("max_candidates must not be negative");
+    int max = std::min(std::max(1, req->max_candidates()), lim.max_lease_candidates);
+    KS_ASSIGN_OR_RETURN(double lease_s, ResolveLeaseSeconds(req->lease_seconds(), lim));
+    const std::string worker = req->worker().empty() ? ctx->peer() : req->worker();
+    int64_t prefer = 0;
+    if (!req->prefer_problem_id().empty()) {
+      KS_ASSIGN_OR_RETURN(prefer, ParseId("prefer_problem_id", req->prefer_problem_id()));
+    }
+    KS_ASSIGN_OR_RETURN(std::vector<store::LeasedCandidateRow> leased,
+                        deps_.store->LeaseCandidates(worker, max, lease_s, NowSeconds(), prefer));
+    resp->set_lease_seconds(lease_s);
+    for (const auto& l : leased) {
+      pb::LeasedCandidate* out = resp->add_candidates();
+      out->set_candidate_id(IdToString(l.candidate.id));
+      out->set_lease_id(l.lease_id);
+      out->set_problem_id(IdToString(l.problem_id));
+      out->set_source(l.candidate.source);
+      out->set_plan_json(l.candidate.plan_json);
+      out->set_attempts(l.attempts);
+      if (resp->problems().count(out->problem_id())) continue;
+      KS_ASSIGN_OR_RETURN(store::ProblemRow p, deps_.store->GetProblem(l.problem_id));
+      pb::LeasedProblem& lp = (*resp->mutable_problems())[out->problem_id()];
+      lp.set_name(p.name);
+      lp.set_source(p.source);
+      lp.set_sha256(p.sha256);
+    }
+    if (!leased.empty()) {
+      std::string ids;
+      for (const auto& l : leased)
+        ids += (ids.empty() ? "" : ",") + std::to_string(l.candidate.id) +
+               (l.attempts > 1 ? "(attempt " + std::to_string(l.attempts) + ")" : "");
+      std::fprintf(stderr, "kernelsearch serve: leased candidate(s) %s to %s for %gs\n", ids.c_str(), worker.c_str(),
+                   lease_s);
+    }
+    return Status::Ok();
+  });
+}
+
+grpc::Status KernelSearchService::RenewLeases(grpc::ServerContext* ctx, const pb::RenewLeasesRequest* req,
+                                              pb::RenewLeasesResponse* resp) {
+  return Handle("RenewLeases", ctx->client_metadata(), [&]() -> Status {
+    if (req->lease_ids_size() > 1024) return ResourceExhausted("at most 1024 lease ids per call");
+    std::vector<std::string> ids;
+    for (const auto& id : req->lease_ids()) {
+      KS_RETURN_IF_ERROR(ValidateLeaseId(id));
+      ids.push_back(id);
+    }
+    KS_ASSIGN_OR_RETURN(double lease_s, ResolveLeaseSeconds(req->lease_seconds(), deps_.limits));
+    KS_ASSIGN_OR_RETURN(std::vector<std::string> lost,
+                        deps_.store->RenewLeases(ids, lease_s, NowSeconds(), req->release()));
+    for (auto& id : lost) resp->add_lost(std::move(id));
+    return Status::Ok();
+  });
+}
+
+grpc::Status KernelSearchService::ReportEvaluation(grpc::ServerContext* ctx, const pb::ReportEvaluationRequest* req,
+                                                   pb::ReportEvaluationResponse* resp) {
+  return Handle("ReportEvaluation", ctx->client_metadata(), [&]() -> Status {
+    KS_ASSIGN_OR_RETURN(int64_t id, ParseId("candidate_id", req->candidate_id()));
+    KS_RETURN_IF_ERROR(ValidateLeaseId(req->lease_id()));
+    KS_RETURN_IF_ERROR(
+        ValidateSource("evaluation_json", req->evaluation_json(), deps_.limits.max_evaluation_bytes));
+    nlohmann::json j = nlohmann::json::parse(req->evaluation_json(), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return InvalidArgument("evaluation_json is not a JSON object");
+    auto evaluation = EvaluationFromJson(j);
+    if (!evaluation.ok()) return InvalidArgument("evaluation_json: " + evaluation.status().message());
+    std::optional<GpuFacts> facts;
+    if (!req->gpu_facts_json().empty()) {
+      KS_RETURN_IF_ERROR(ValidateSource("gpu_facts_json", req->gpu_facts_json(), 64 << 10));
+      nlohmann::json f = nlohmann::json::parse(req->gpu_facts_json(), nullptr, /*allow_exceptions=*/false);
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+        return InvalidArgument("gpu_facts_json is not a GPU facts object");
+      facts = GpuFactsFromJson(f);
+      if (facts->name.empty() || facts->name.size() > 256) return InvalidArgument("gpu_facts_json: bad GPU name");
+    }
+    KS_ASSIGN_OR_RETURN(store::LineageStore::LeaseCompletion done,
+                        deps_.store->CompleteLease(id, req->lease_id(), *evaluation, NowSeconds()));
+    // Re-serialized: only the fields the prompts know reach the store.
+    if (facts) {
+      KS_RETURN_IF_ERROR(
+          deps_.store->PutGpuFacts(facts->name, GpuFactsToJson(*facts).dump(), done.searches.front()));
+    }
+    // The search's best kernel, as the orchestrator keeps it after a batch.
+    for (int64_t s : done.searches) {
+      KS_ASSIGN_OR_RETURN(auto best, deps_.store->BestCorrect(s));
+      if (best) KS_RETURN_IF_ERROR(deps_.store->SetBestCandidate(s, best->id));
+      deps_.hub->Poke(s);
+    }
+    resp->set_stored(static_cast<int32_t>(done.stored));
     return Status::Ok();
   });
 }

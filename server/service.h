@@ -72,6 +72,13 @@ class KernelSearchService final
                               ::kernelsearch::v1::CandidateDetail* resp) override;
   ::grpc::Status EvaluateKernel(::grpc::ServerContext* ctx, const ::kernelsearch::v1::EvaluateKernelRequest* req,
                                 ::kernelsearch::v1::EvaluateKernelResponse* resp) override;
+  // GPU workers (issue 13): leases on pending candidates, stored in the lineage store.
+  ::grpc::Status LeaseCandidates(::grpc::ServerContext* ctx, const ::kernelsearch::v1::LeaseCandidatesRequest* req,
+                                 ::kernelsearch::v1::LeaseCandidatesResponse* resp) override;
+  ::grpc::Status RenewLeases(::grpc::ServerContext* ctx, const ::kernelsearch::v1::RenewLeasesRequest* req,
+                             ::kernelsearch::v1::RenewLeasesResponse* resp) override;
+  ::grpc::Status ReportEvaluation(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ReportEvaluationRequest* req,
+                                  ::kernelsearch::v1::ReportEvaluationResponse* resp) override;
 
  private:
   // Authenticates, then runs `body` through GuardedCall (the one translator).

@@ -118,6 +118,12 @@ Status LineageStore::PutEvaluation(int64_t candidate_id, const Evaluation& evalu
   std::lock_guard<std::mutex> lock(mu_);
   Transaction txn(db_.get());
   KS_RETURN_IF_ERROR(txn.Begin());
+  KS_RETURN_IF_ERROR(PutEvaluationLocked(candidate_id, evaluation, reused_from));
+  return txn.Commit();
+}
+
+Status LineageStore::PutEvaluationLocked(int64_t candidate_id, const Evaluation& evaluation,
+                                         std::optional<int64_t> reused_from) {
   {
     KS_STMT(ins, "INSERT INTO evaluations (candidate_id, status, evaluation_json, median_ms, speedup_eager, "
                  "speedup_compile, reused_from) VALUES (?, ?, ?, ?, ?, ?, ?)");
@@ -135,7 +141,14 @@ Status LineageStore::PutEvaluation(int64_t candidate_id, const Evaluation& evalu
     KS_RETURN_IF_ERROR(u.Run());
     if (sqlite3_changes(db_.get()) == 0) return NotFound("no candidate with id " + std::to_string(candidate_id));
   }
-  return txn.Commit();
+  {
+    // An evaluated candidate holds no lease (whoever evaluated it: a worker,
+    // evaluate-pending, a local search); a late report under one is refused.
+    KS_STMT(d, "DELETE FROM leases WHERE candidate_id = ?");
+    d.Bind(1, candidate_id);
+    KS_RETURN_IF_ERROR(d.Run());
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::optional<CandidateRow>> LineageStore::FindEvaluatedByHash(int64_t problem_id,

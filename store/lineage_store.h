@@ -177,6 +177,17 @@ struct SuiteRow {
   std::vector<SuiteEntryRow> entries;  // by position
 };
 
+// GPU worker leases (issue 13): a pending candidate handed to a remote worker
+// (kernelsearch gpu-worker) until `expires_at` (unix seconds, the server's
+// clock). The lease id is a random token that only its holder knows.
+struct LeasedCandidateRow {
+  CandidateRow candidate;  // without its evaluation (it is pending)
+  int64_t problem_id = 0;
+  std::string lease_id;
+  double expires_at = 0;
+  int attempts = 0;        // leases this candidate has had, this one included
+};
+
 // SHA-256 of what a model was asked (role, system prompt and prompt), for
 // matching calls on resume.
 std::string PromptHash(const std::string& role, const std::string& system, const std::string& prompt);
@@ -280,6 +291,37 @@ class LineageStore {
   // The kernel bank: for every problem but `exclude_problem_id`, its best
   // correct kernel (problems without one are left out); by problem id.
   StatusOr<std::vector<BankEntry>> BankCandidates(int64_t exclude_problem_id);
+  // ---- GPU worker leases (issue 13) ----
+  // Leases up to `max` pending candidates (oldest first) to `worker` until
+  // now + lease_s: those never leased, and those whose lease expired (their
+  // worker died); never those of a cancelled or failed search. One transaction, so two servers or threads never lease the
+  // same candidate. A candidate identical (content hash) to one already
+  // evaluated for the same problem gets that evaluation copied instead; one
+  // identical to a candidate under a live lease waits for its result.
+  // `prefer_problem` (0 = none): that problem's candidates come first, so a
+  // worker keeps the reference it has loaded.
+  StatusOr<std::vector<LeasedCandidateRow>> LeaseCandidates(const std::string& worker, int max, double lease_s,
+                                                            double now, int64_t prefer_problem = 0);
+  // Extends the given live leases to now + lease_s (release: ends them now, so
+  // their candidates go to the next worker at once). Returns the lease ids
+  // that are no longer held (expired, released, or already reported).
+  StatusOr<std::vector<std::string>> RenewLeases(const std::vector<std::string>& lease_ids, double lease_s,
+                                                 double now, bool release);
+  // Stores the evaluation of a leased candidate, and copies it to identical
+  // pending candidates of the same problem that no live lease holds, in one
+  // transaction. FailedPrecondition when the lease is not live (expired,
+  // released, another worker's, or already reported): so no candidate is ever
+  // evaluated twice into the store. Returns the searches whose candidates got
+  // an evaluation and how many candidates did.
+  struct LeaseCompletion {
+    int64_t stored = 0;
+    std::vector<int64_t> searches;
+  };
+  StatusOr<LeaseCompletion> CompleteLease(int64_t candidate_id, const std::string& lease_id,
+                                               const Evaluation& evaluation, double now);
+  // Pending candidates, and how many of them a live lease holds.
+  StatusOr<std::pair<int64_t, int64_t>> PendingAndLeased(int64_t search_id, double now);
+
   // Which bank kernels the prompt of (search, slot) showed.
   Status RecordBankShown(int64_t search_id, const std::string& slot_key, const std::vector<int64_t>& bank_candidates);
   StatusOr<std::vector<std::pair<std::string, int64_t>>> ListBankShown(int64_t search_id);
@@ -290,6 +332,8 @@ class LineageStore {
   StatusOr<SqliteStmtPtr> Prepare(const std::string& sql);
   Status Exec(const std::string& sql);
   StatusOr<int64_t> PutCandidateLocked(const CandidateRow& candidate);
+  Status PutEvaluationLocked(int64_t candidate_id, const Evaluation& evaluation, std::optional<int64_t> reused_from);
+  Status CopyEvaluationLocked(int64_t to_candidate, int64_t from_candidate);
 
   const std::string path_;
   std::mutex mu_;  // guards every use of db_

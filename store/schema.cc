@@ -159,6 +159,19 @@ CREATE TABLE suite_problems (
   PRIMARY KEY (suite_id, position)
 );
 )sql",
+      // 6: GPU worker leases (issue 13): the live lease of a pending candidate
+      // handed to a remote `kernelsearch gpu-worker`; expired leases are taken
+      // over, a reported result removes the row.
+      R"sql(
+CREATE TABLE leases (
+  candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id),
+  lease_id TEXT NOT NULL UNIQUE,
+  worker TEXT NOT NULL,
+  expires_at REAL NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+)sql",
   };
   return kSteps;
 }

@@ -114,6 +114,16 @@ TEST(ResolvePageSize, DefaultClampAndNegative) {
   EXPECT_EQ(ResolvePageSize(-1, l).status().code(), Code::kInvalidArgument);
 }
 
+TEST(ResolveLeaseSeconds, DefaultAndBounds) {
+  ServerLimits l;
+  EXPECT_EQ(*ResolveLeaseSeconds(0, l), 60);
+  EXPECT_EQ(*ResolveLeaseSeconds(5, l), 5);
+  EXPECT_EQ(ResolveLeaseSeconds(0.5, l).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveLeaseSeconds(3601, l).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveLeaseSeconds(-1, l).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveLeaseSeconds(std::nan(""), l).status().code(), Code::kInvalidArgument);
+}
+
 TEST(Convert, ConfigRoundTripsThroughTheOrchestratorsConfig) {
   auto c = ValidateSearchConfig(pb::SearchConfig(), ConfigBounds());
   ASSERT_TRUE(c.ok());

@@ -1,0 +1,292 @@
+#include "server/gpu_worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "evaluator/evaluation.h"
+#include "search/search_config.h"
+#include "server/orchestrator_runner.h"
+
+namespace ks::server {
+namespace {
+
+namespace pb = ::kernelsearch::v1;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Worth retrying: the server is restarting, overloaded or briefly unreachable.
+bool Transient(const Status& st) {
+  return st.code() == Code::kUnavailable || st.code() == Code::kDeadlineExceeded ||
+         st.code() == Code::kResourceExhausted || st.code() == Code::kInternal;
+}
+
+}  // namespace
+
+std::string DefaultWorkerName() {
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  std::string name = std::string(host) + "/" + std::to_string(getpid());
+  if (const char* job = std::getenv("SLURM_JOB_ID")) {
+    name += std::string("/slurm-") + job;
+    if (const char* task = std::getenv("SLURM_ARRAY_TASK_ID")) name += std::string("_") + task;
+  }
+  return name.substr(0, 100);
+}
+
+GpuWorker::GpuWorker(GpuWorkerOptions options) : options_(std::move(options)) {
+  if (options_.name.empty()) options_.name = DefaultWorkerName();
+  if (options_.batch < 1) options_.batch = 1;
+}
+
+GpuWorker::~GpuWorker() = default;
+
+GpuWorkerStats GpuWorker::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void GpuWorker::Log(const std::string& line) const {
+  if (options_.quiet) return;
+  std::fprintf(stderr, "gpu-worker %s: %s\n", options_.name.c_str(), line.c_str());
+  std::fflush(stderr);
+}
+
+void GpuWorker::Fail(const Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fatal_.ok()) fatal_ = st;
+  }
+  stop_ = true;
+  cv_.notify_all();
+}
+
+bool GpuWorker::SleepUnlessStopped(double seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return stop_.load(); });
+  return !stop_.load();
+}
+
+bool GpuWorker::Held(const std::string& lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_.count(lease_id) > 0;
+}
+
+void GpuWorker::Drop(const std::vector<std::string>& lease_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& id : lease_ids) held_.erase(id);
+}
+
+int GpuWorker::Stop() {
+  std::vector<std::string> ids;
+  Client* client = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    ids.assign(held_.begin(), held_.end());
+    client = client_.get();  // set under mu_ by Run(); lives as long as the worker
+  }
+  cv_.notify_all();
+  if (ids.empty() || !client) return 0;
+  pb::RenewLeasesRequest req;
+  for (const auto& id : ids) req.add_lease_ids(id);
+  req.set_release(true);
+  auto r = client->RenewLeases(req);
+  if (!r.ok()) Log("could not give the leases back (they expire on their own): " + r.status().ToString());
+  Drop(ids);
+  return r.ok() ? static_cast<int>(ids.size()) : 0;
+}
+
+void GpuWorker::RenewLoop() {
+  for (;;) {
+    double every;
+    std::vector<std::string> ids;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      every = lease_s_ > 0 ? lease_s_ / 3 : 1.0;
+      if (cv_.wait_for(lock, std::chrono::duration<double>(every), [&] { return stop_.load(); })) return;
+      ids.assign(held_.begin(), held_.end());
+    }
+    if (ids.empty()) continue;
+    pb::RenewLeasesRequest req;
+    for (const auto& id : ids) req.add_lease_ids(id);
+    req.set_lease_seconds(options_.lease_s);
+    auto r = client_->RenewLeases(req);
+    if (!r.ok()) {
+      Log("renewing leases: " + r.status().ToString());
+      continue;
+    }
+    if (r->lost_size() > 0) {
+      Log("lost " + std::to_string(r->lost_size()) + " lease(s): their results will not be reported");
+      Drop({r->lost().begin(), r->lost().end()});
+    }
+  }
+}
+
+void GpuWorker::ServeDevice(int device) {
+  // One problem's evaluator at a time per GPU: its reference holds GPU memory.
+  std::string loaded_sha;
+  std::string loaded_problem;  // its id, for lease affinity
+  std::unique_ptr<CandidateEvaluator> evaluator;
+  std::string facts_json;  // what this GPU measured, sent with the next report
+  auto idle_since = Clock::now();
+  double backoff = 0.5;
+  const std::string who = options_.name + "/gpu" + std::to_string(device);
+  auto release = [&](const std::vector<std::string>& ids) {
+    pb::RenewLeasesRequest req;
+    for (const auto& id : ids) req.add_lease_ids(id);
+    req.set_release(true);
+    (void)client_->RenewLeases(req);  // failing that, the leases expire
+    Drop(ids);
+  };
+
+  while (!stop_) {
+    pb::LeaseCandidatesRequest req;
+    req.set_worker(who);
+    req.set_max_candidates(options_.batch);
+    req.set_lease_seconds(options_.lease_s);
+    if (evaluator) req.set_prefer_problem_id(loaded_problem);
+    auto resp = client_->LeaseCandidates(req);
+    if (!resp.ok()) {
+      if (!Transient(resp.status())) return Fail(resp.status().WithContext("leasing from " + options_.client.address));
+      Log("leasing: " + resp.status().ToString() + "; retrying in " + std::to_string(backoff) + " s");
+      SleepUnlessStopped(backoff);
+      backoff = std::min(backoff * 2, 30.0);
+      continue;
+    }
+    backoff = 0.5;
+    if (resp->candidates().empty()) {
+      if (options_.exit_when_idle_s > 0 && Since(idle_since) >= options_.exit_when_idle_s) return;
+      SleepUnlessStopped(options_.idle_poll_s);
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& c : resp->candidates()) held_.insert(c.lease_id());
+      stats_.leased += resp->candidates_size();
+      lease_s_ = resp->lease_seconds();
+    }
+    cv_.notify_all();
+    // Stopped while the lease call was in flight: give them back at once.
+    if (stop_) {
+      std::vector<std::string> ids;
+      for (const auto& c : resp->candidates()) ids.push_back(c.lease_id());
+      release(ids);
+      return;
+    }
+    std::map<std::string, std::vector<const pb::LeasedCandidate*>> by_problem;
+    for (const auto& c : resp->candidates()) by_problem[c.problem_id()].push_back(&c);
+    for (const auto& [problem_id, cands] : by_problem) {
+      std::vector<std::string> ids;
+      std::vector<Candidate> batch;
+      for (const auto* c : cands) {
+        ids.push_back(c->lease_id());
+        batch.push_back(Candidate{c->source(), c->plan_json()});
+      }
+      auto p = resp->problems().find(problem_id);
+      if (p == resp->problems().end()) {
+        Log("the server sent no source for problem " + problem_id + "; giving the leases back");
+        release(ids);
+        continue;
+      }
+      if (!evaluator || loaded_sha != p->second.sha256()) {
+        evaluator.reset();
+        store::ProblemRow row;
+        row.name = p->second.name();
+        row.source = p->second.source();
+        EvaluatorOptions eo = options_.evaluator;
+        eo.device = device;
+        eo.gpus.clear();
+        std::optional<GpuFacts> facts;
+        std::unique_lock<std::shared_mutex> preparing(prepare_mu_);
+        auto made = MakeStoredProblemEvaluator(row, eo, &facts);
+        preparing.unlock();
+        if (!made.ok()) {
+          Log("preparing problem " + problem_id + " (" + row.name + "): " + made.status().ToString() +
+              "; giving the leases back");
+          release(ids);
+          SleepUnlessStopped(options_.idle_poll_s);
+          continue;
+        }
+        evaluator = std::move(*made);
+        loaded_sha = p->second.sha256();
+        loaded_problem = problem_id;
+        if (facts) facts_json = GpuFactsToJson(*facts).dump();
+      }
+      std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
+      if (device == 0) timing.lock();
+      auto results = evaluator->EvaluateBatch(batch);
+      if (timing.owns_lock()) timing.unlock();
+      if (!results.ok() || results->size() != batch.size()) {
+        Log("evaluator on GPU " + std::to_string(device) + ": " +
+            (results.ok() ? std::string("wrong result count") : results.status().ToString()) +
+            "; giving the leases back");
+        evaluator.reset();  // made again for the next candidates (a worker that broke)
+        release(ids);
+        continue;
+      }
+      for (size_t i = 0; i < cands.size(); ++i) {
+        if (stop_) return;  // Stop() gave the rest back
+        const auto* c = cands[i];
+        if (!Held(c->lease_id())) {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.lost;
+          continue;
+        }
+        pb::ReportEvaluationRequest rep;
+        rep.set_candidate_id(c->candidate_id());
+        rep.set_lease_id(c->lease_id());
+        rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
+        rep.set_gpu_facts_json(facts_json);
+        // A server that is briefly away gets the result a little later; the
+        // renewer keeps the lease meanwhile.
+        auto r = client_->ReportEvaluation(rep);
+        for (double wait = 0.5; !r.ok() && Transient(r.status()) && wait <= 8 && !stop_; wait *= 2) {
+          SleepUnlessStopped(wait);
+          r = client_->ReportEvaluation(rep);
+        }
+        if (r.ok()) facts_json.clear();
+        Drop({c->lease_id()});
+        std::lock_guard<std::mutex> lock(mu_);
+        if (r.ok()) {
+          ++stats_.reported;
+        } else {
+          ++stats_.lost;
+          if (!options_.quiet)
+            std::fprintf(stderr, "gpu-worker %s: candidate %s not stored: %s\n", who.c_str(),
+                         c->candidate_id().c_str(), r.status().ToString().c_str());
+        }
+      }
+    }
+    idle_since = Clock::now();
+  }
+}
+
+Status GpuWorker::Run() {
+  {
+    KS_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options_.client));
+    std::lock_guard<std::mutex> lock(mu_);
+    client_ = std::move(client);
+  }
+  if (options_.devices.empty()) return InvalidArgument("gpu-worker: no GPU to evaluate on");
+  Log("serving " + std::to_string(options_.devices.size()) + " GPU(s) for " + options_.client.address);
+  std::thread renewer([this] { RenewLoop(); });
+  std::vector<std::thread> devices;
+  for (int d : options_.devices) devices.emplace_back([this, d] { ServeDevice(d); });
+  for (auto& t : devices) t.join();
+  stop_ = true;
+  cv_.notify_all();
+  renewer.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  Log("done: leased " + std::to_string(stats_.leased) + ", reported " + std::to_string(stats_.reported) +
+      ", lost " + std::to_string(stats_.lost));
+  return fatal_;
+}
+
+}  // namespace ks::server
