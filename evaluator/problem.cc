@@ -70,17 +70,16 @@ struct Probe {
   std::string why;  // when !ok: the reason, one line
 };
 
-constexpr char kProbeScript[] =
-    "import json, torch\n"
-    "c = bool(torch.cuda.is_available())\n"
-    "print(json.dumps({'torch': torch.__version__, 'cuda': c,\n"
-    "                  'device': torch.cuda.get_device_name(0) if c else 'cpu'}))\n";
-
 Probe RunProbe(const std::string& python) {
   Probe p;
   p.info.python = python;
+  auto script = FindDataFile("reference/probe.py");
+  if (!script.ok()) {
+    p.why = script.status().message();
+    return p;
+  }
   SubprocessOptions o;
-  o.argv = {python, "-c", kProbeScript};
+  o.argv = {python, *script};
   o.timeout_s = 120;  // importing torch and initialising CUDA on a cold machine
   o.env = PythonEnv();
   auto r = RunSubprocess(o);
@@ -141,7 +140,9 @@ bool HasTorchInstalled(const std::string& python) {
     if (auto it = cache.find(python); it != cache.end()) return it->second;
   }
   SubprocessOptions o;
-  o.argv = {python, "-c", "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 1)"};
+  auto script = FindDataFile("reference/probe.py");
+  if (!script.ok()) return false;
+  o.argv = {python, *script, "--installed"};
   o.timeout_s = 60;
   o.env = PythonEnv();
   auto r = RunSubprocess(o);

@@ -1,0 +1,242 @@
+// Internal to the GPU evaluator (gpu_evaluator.cc: setup, arena layout and
+// the evaluation of a candidate; gpu_evaluator_runs.cc: the worker and one
+// run; gpu_evaluator_verify.cc: output and integrity checks): the arena's
+// constants, the trusted helper kernels, and small helpers they share.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "evaluator/evaluation.h"
+#include "evaluator/signature.h"
+#include "evaluator/worker_protocol.h"
+
+namespace ks::gpu_internal {
+
+
+inline constexpr uint64_t kAlign = 256;
+inline constexpr uint64_t kGuard = 64 * 1024;
+inline constexpr uint8_t kGuardByte = 0xCD;
+
+inline uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// GPU time queued ahead of every run's start event (timing.py PAD_US, the same).
+inline constexpr uint64_t kTimingPadNs = 100000;
+
+// Comparison and integrity kernels of the trusted side. They read candidate
+// outputs and reference outputs, both in this process's context.
+inline constexpr const char* kHelperSource = R"CUDA(
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+struct Stats {
+  unsigned long long mismatches, first, unwritten, nonfinite;
+  double sum_sq_diff, sum_sq_ref;
+  unsigned int max_abs_bits, max_rel_bits;
+  unsigned long long considered, large, hash;
+};
+// An order-independent hash of an output's bits: the sum of a mix of (index, bits).
+__device__ __forceinline__ unsigned long long Mix(unsigned long long i, unsigned long long b) {
+  unsigned long long z = (i * 0x9E3779B97F4A7C15ull) ^ (b + 0x632BE59BD9B4E019ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ double Val(const float* p, unsigned long long i) { return p[i]; }
+__device__ __forceinline__ double Val(const double* p, unsigned long long i) { return p[i]; }
+__device__ __forceinline__ double Val(const __half* p, unsigned long long i) { return __half2float(p[i]); }
+__device__ __forceinline__ double Val(const __nv_bfloat16* p, unsigned long long i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ double Val(const int* p, unsigned long long i) { return p[i]; }
+__device__ __forceinline__ double Val(const long long* p, unsigned long long i) { return (double)p[i]; }
+__device__ __forceinline__ double Val(const signed char* p, unsigned long long i) { return p[i]; }
+__device__ __forceinline__ double Val(const unsigned char* p, unsigned long long i) { return p[i]; }
+
+// tiny: |ref| below it is not "considered" for the large-error share; large_rel:
+// the relative error that counts as large (Tolerance in evaluator/signature.h).
+template <typename T, typename B>
+__device__ void Compare(const T* out, const T* ref, unsigned long long n, double atol, double rtol, double tiny,
+                        double large_rel, B poison, Stats* st) {
+  unsigned long long mism = 0, first = ~0ull, unw = 0, nonf = 0, cons = 0, large = 0, hash = 0;
+  double ssd = 0, ssr = 0;
+  float mabs = 0.f, mrel = 0.f;
+  const B* ob = reinterpret_cast<const B*>(out);
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    double o = Val(out, i), r = Val(ref, i);
+    hash += Mix(i, (unsigned long long)ob[i]);
+    bool bad = false;
+    if (ob[i] == poison) { ++unw; bad = true; }
+    else if (isnan(r)) bad = !isnan(o);
+    else if (isinf(r)) bad = o != r;
+    else if (!isfinite(o)) { bad = true; ++nonf; }
+    else {
+      double d = fabs(o - r);
+      ssd += d * d;
+      ssr += r * r;
+      mabs = fmaxf(mabs, (float)d);
+      mrel = fmaxf(mrel, (float)(d / fmax(fabs(r), 1e-30)));
+      bad = d > atol + rtol * fabs(r);
+      if (fabs(r) >= tiny) {
+        ++cons;
+        if (d > large_rel * fabs(r)) ++large;
+      }
+    }
+    if (bad) { ++mism; if (i < first) first = i; }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    mism += __shfl_down_sync(0xffffffffu, mism, off);
+    unsigned long long f2 = __shfl_down_sync(0xffffffffu, first, off);
+    first = f2 < first ? f2 : first;
+    unw += __shfl_down_sync(0xffffffffu, unw, off);
+    nonf += __shfl_down_sync(0xffffffffu, nonf, off);
+    ssd += __shfl_down_sync(0xffffffffu, ssd, off);
+    ssr += __shfl_down_sync(0xffffffffu, ssr, off);
+    mabs = fmaxf(mabs, __shfl_down_sync(0xffffffffu, mabs, off));
+    mrel = fmaxf(mrel, __shfl_down_sync(0xffffffffu, mrel, off));
+    cons += __shfl_down_sync(0xffffffffu, cons, off);
+    large += __shfl_down_sync(0xffffffffu, large, off);
+    hash += __shfl_down_sync(0xffffffffu, hash, off);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (mism) atomicAdd(&st->mismatches, mism);
+    if (first != ~0ull) atomicMin(&st->first, first);
+    if (unw) atomicAdd(&st->unwritten, unw);
+    if (nonf) atomicAdd(&st->nonfinite, nonf);
+    atomicAdd(&st->sum_sq_diff, ssd);
+    atomicAdd(&st->sum_sq_ref, ssr);
+    atomicMax(&st->max_abs_bits, __float_as_uint(mabs));
+    atomicMax(&st->max_rel_bits, __float_as_uint(mrel));
+    if (cons) atomicAdd(&st->considered, cons);
+    if (large) atomicAdd(&st->large, large);
+    atomicAdd(&st->hash, hash);
+  }
+}
+
+#define KS_CMP(name, T, B)                                                                                \
+  extern "C" __global__ void name(const T* out, const T* ref, unsigned long long n, double atol, double rtol, \
+                                  double tiny, double large_rel, unsigned long long poison, Stats* st) {  \
+    Compare<T, B>(out, ref, n, atol, rtol, tiny, large_rel, (B)poison, st);                               \
+  }
+KS_CMP(cmp_f32, float, unsigned int)
+KS_CMP(cmp_f16, __half, unsigned short)
+KS_CMP(cmp_bf16, __nv_bfloat16, unsigned short)
+KS_CMP(cmp_f64, double, unsigned long long)
+KS_CMP(cmp_i32, int, unsigned int)
+KS_CMP(cmp_i64, long long, unsigned long long)
+KS_CMP(cmp_i8, signed char, unsigned char)
+KS_CMP(cmp_u8, unsigned char, unsigned char)
+KS_CMP(cmp_bool, unsigned char, unsigned char)
+
+extern "C" __global__ void diff_words(const unsigned int* a, const unsigned int* b, unsigned long long n,
+                                      unsigned long long* count) {
+  unsigned long long c = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    c += a[i] != b[i];
+  for (int off = 16; off > 0; off >>= 1) c += __shfl_down_sync(0xffffffffu, c, off);
+  if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
+}
+
+extern "C" __global__ void count_not_fill(const unsigned char* p, unsigned long long n, unsigned int v,
+                                          unsigned long long* count) {
+  unsigned long long c = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    c += p[i] != (unsigned char)v;
+  for (int off = 16; off > 0; off >>= 1) c += __shfl_down_sync(0xffffffffu, c, off);
+  if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, c);
+}
+// Shared-memory scrub (sent to the worker): launched before every run with one
+// block per SM holding the opt-in maximum, so nothing a kernel left in shared
+// memory survives into the next run.
+extern "C" __global__ void ks_scrub_shared(unsigned int v) {
+  extern __shared__ unsigned int smem[];
+  volatile unsigned int* p = smem;  // volatile: stores no one reads are still made
+  unsigned int bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  for (unsigned int i = threadIdx.x; i < bytes / 4; i += blockDim.x) p[i] = v ^ i;
+}
+// Timing pad (sent to the worker): spins one thread for `ns` of the GPU's
+// global timer, so that the host enqueues a run's launches while the GPU is
+// still busy ahead of the start event (see evaluator/reference/timing.py).
+extern "C" __global__ void ks_timing_pad(unsigned long long ns) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+)CUDA";
+
+struct Stats {
+  unsigned long long mismatches, first, unwritten, nonfinite;
+  double sum_sq_diff, sum_sq_ref;
+  unsigned int max_abs_bits, max_rel_bits;
+  unsigned long long considered, large, hash;
+};
+
+inline const char* const kCmpNames[9] = {"cmp_f32", "cmp_f16", "cmp_bf16", "cmp_f64", "cmp_i32",
+                            "cmp_i64", "cmp_i8",  "cmp_u8",   "cmp_bool"};
+
+// The pattern written into an output before each run, and the element bits it leaves.
+inline void PoisonFor(DType d, PoisonPattern* p, uint64_t* bits) {
+  switch (d) {
+    case DType::kFloat32: *p = {4, 0x7FA5A5A5u}; *bits = 0x7FA5A5A5u; return;
+    case DType::kFloat16: *p = {2, 0x7DA5u}; *bits = 0x7DA5u; return;
+    case DType::kBFloat16: *p = {2, 0x7FA5u}; *bits = 0x7FA5u; return;
+    case DType::kFloat64: *p = {4, 0x7FF4A5A5u}; *bits = 0x7FF4A5A57FF4A5A5ull; return;
+    case DType::kInt32: *p = {1, 0xA5u}; *bits = 0xA5A5A5A5u; return;
+    case DType::kInt64: *p = {1, 0xA5u}; *bits = 0xA5A5A5A5A5A5A5A5ull; return;
+    default: *p = {1, 0xA5u}; *bits = 0xA5u; return;
+  }
+}
+
+inline double ElementAsDouble(DType d, const unsigned char* p) {
+  switch (d) {
+    case DType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
+    case DType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
+    case DType::kFloat16: {
+      uint16_t h; std::memcpy(&h, p, 2);
+      int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+      double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp(m + 1024, e - 25);
+      return (h & 0x8000) ? -v : v;
+    }
+    case DType::kBFloat16: { uint16_t h; std::memcpy(&h, p, 2); uint32_t b = uint32_t(h) << 16; float v; std::memcpy(&v, &b, 4); return v; }
+    case DType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+    case DType::kInt8: return static_cast<int8_t>(*p);
+    default: return *p;
+  }
+}
+
+inline std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+inline TimingStats Summarize(std::vector<double> ms) {
+  TimingStats t;
+  t.runs = static_cast<int>(ms.size());
+  if (ms.empty()) return t;
+  std::sort(ms.begin(), ms.end());
+  size_t n = ms.size();
+  t.median_ms = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  t.min_ms = ms.front();
+  t.max_ms = ms.back();
+  double sum = 0;
+  for (double v : ms) sum += v;
+  t.mean_ms = sum / n;
+  double var = 0;
+  for (double v : ms) var += (v - t.mean_ms) * (v - t.mean_ms);
+  t.stddev_ms = n > 1 ? std::sqrt(var / (n - 1)) : 0;
+  return t;
+}
+
+
+}  // namespace ks::gpu_internal

@@ -1,0 +1,246 @@
+// The GPU evaluator's sandboxed worker (start, stop, its log) and one run of
+// a candidate's plan on an input set, verified here.
+#include "evaluator/gpu_evaluator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "common/base64.h"
+#include "common/files.h"
+#include "common/unique_fd.h"
+#include "evaluator/launch_plan.h"
+#include "evaluator/sandbox.h"
+#include "evaluator/worker_protocol.h"
+
+#include "evaluator/gpu_evaluator_internal.h"
+
+namespace ks {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using namespace gpu_internal;  // NOLINT: the evaluator's own internals
+
+Status GpuEvaluator::StartWorker() {
+  worker_ready_ = false;
+  KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts_.worker_path));
+  if (worker_log_path_.empty()) {
+    char tmpl[] = "/tmp/ks-worker-XXXXXX.log";
+    int fd = mkstemps(tmpl, 4);
+    if (fd < 0) return PosixError("creating the worker log", errno);
+    close(fd);
+    worker_log_path_ = tmpl;
+  }
+  SandboxLimits limits;
+  limits.drop_privileges = opts_.drop_privileges;
+  // Diagnostics: KS_WORKER_SANDBOX=keepuser,nonetns,dumpable relaxes single steps.
+  if (const char* v = getenv("KS_WORKER_SANDBOX")) {
+    std::string s = v;
+    if (s.find("keepuser") != std::string::npos) limits.drop_privileges = false;
+    if (s.find("nonetns") != std::string::npos) limits.new_network_namespace = false;
+    if (s.find("dumpable") != std::string::npos) limits.keep_dumpable = true;
+  }
+  KS_ASSIGN_OR_RETURN(worker_, ChildProcess::Start({worker, "serve"}, {}, worker_log_path_,
+                                                   [limits] { return ApplySandbox(limits); }));
+  json outs = json::array();
+  for (const auto& o : outputs_) {
+    PoisonPattern p;
+    uint64_t bits;
+    PoisonFor(o.spec->dtype, &p, &bits);
+    outs.push_back({{"offset", o.offset}, {"bytes", o.bytes}, {"width", p.width}, {"pattern", p.pattern}});
+  }
+  json init{{"cmd", "init"},
+            {"ipc", Base64Encode(ipc_handle_)},
+            {"device", opts_.device},
+            {"l2_flush_bytes", std::max<int64_t>(2 * info_.l2_bytes, 64 << 20)},
+            {"pad_cubin", Base64Encode(helpers_cubin_)},
+            {"pad_ns", kTimingPadNs},
+            {"scrub_shared_bytes", info_.shared_per_block_optin},
+            {"sms", info_.multiprocessors},
+            {"printf_fifo_bytes", 1 << 20},
+            {"outputs", outs}};
+  KS_RETURN_IF_ERROR(SendMessage(worker_.stdin_fd(), init));
+  auto reply = ReceiveMessage(worker_.stdout_fd(), 120);
+  if (!reply.ok() || !(*reply).value("ok", false)) {
+    std::string why = reply.ok() ? (*reply).value("message", "") : reply.status().message();
+    std::string log = TakeWorkerLog();
+    worker_.Kill();
+    return FailedPrecondition("the GPU worker did not start: " + why + (log.empty() ? "" : "\n" + log));
+  }
+  worker_heap_bytes_ = (*reply).value("heap_bytes", uint64_t{0});
+  worker_ready_ = true;
+  return Status::Ok();
+}
+
+void GpuEvaluator::StopWorker(const std::string& why) {
+  worker_.Kill();
+  worker_ready_ = false;
+  ++worker_restarts_;
+}
+
+std::string GpuEvaluator::TakeWorkerLog() {
+  if (worker_log_path_.empty()) return "";
+  // Only the head is read: a printf flood can fill the file up to its size limit.
+  std::string s;
+  int64_t total = 0;
+  {
+    UniqueFd fd(open(worker_log_path_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) return "";
+    total = lseek(fd.get(), 0, SEEK_END);
+    lseek(fd.get(), 0, SEEK_SET);
+    s.resize(std::min<int64_t>(std::max<int64_t>(total, 0), opts_.worker_log_cap));
+    ssize_t n = s.empty() ? 0 : read(fd.get(), s.data(), s.size());
+    s.resize(n > 0 ? n : 0);
+  }
+  (void)truncate(worker_log_path_.c_str(), 0);
+  if (total > static_cast<int64_t>(s.size()))
+    s += "\n[... " + std::to_string(total - s.size()) + " more bytes of worker output dropped]\n";
+  return s;
+}
+
+
+double GpuEvaluator::RunTimeout() const {
+  if (opts_.run_timeout_s > 0) return opts_.run_timeout_s;
+  // Auto: generous against what PyTorch needs for the same work, so a slow but
+  // honest naive kernel finishes while a hang costs seconds, not minutes.
+  double eager_s = ref_.eager ? ref_.eager->median_ms / 1e3 : 0;
+  return std::clamp(200 * eager_s, 2.0, 60.0);
+}
+
+GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
+  RunResult r;
+  auto fail = [&](EvalStatus st, std::string msg) {
+    r.status = st;
+    r.message = std::move(msg);
+    return r;
+  };
+  if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "run"}, {"set", set}, {"split", split}}); !s.ok()) {
+    StopWorker("send failed");
+    return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
+  }
+  double limit = RunTimeout();
+  auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  if (!reply.ok()) {
+    if (reply.status().code() == Code::kDeadlineExceeded) {
+      StopWorker("timeout");
+      return fail(EvalStatus::kTimeout, "the launch plan did not finish within " + Num(limit) +
+                                            " s; the worker was killed");
+    }
+    std::string how = worker_.Kill();
+    worker_ready_ = false;
+    ++worker_restarts_;
+    return fail(EvalStatus::kRuntimeError, "the worker died during the run (" + how + ")");
+  }
+  const json& j = *reply;
+  if (!j.value("ok", false)) {
+    if (j.value("fatal", false)) {
+      worker_.Kill();
+      worker_ready_ = false;
+      ++worker_restarts_;
+    }
+    std::string st = j.value("status", "runtime_error");
+    return fail(st == "launch_error" ? EvalStatus::kLaunchError : EvalStatus::kRuntimeError, j.value("message", ""));
+  }
+  r.ms = j.value("ms", 0.0);
+  r.ms_device = j.value("ms_device", r.ms);
+  if (split) r.launch_ms = j.value("launch_ms", std::vector<double>{});
+  if (j.contains("state_changed") && !j["state_changed"].empty()) {
+    std::string names;
+    for (const auto& n : j["state_changed"]) names += (names.empty() ? "" : ", ") + n.get<std::string>();
+    r.status = EvalStatus::kIncorrect;
+    r.message = "the kernel keeps state across runs in __device__ variable(s) " + names +
+                " (each run of the plan must be independent: no cached results, no call counters)";
+  }
+  // Verify this run: outputs, then inputs and guards.
+  for (auto& o : outputs_) {
+    OutputError e;
+    bool bad = false;
+    uint64_t hash = 0;
+    if (Status s = CompareOutput(o, set, &e, &bad, &hash); !s.ok())
+      return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
+    r.errors.push_back(e);
+    r.hashes.push_back(hash);
+    if (bad && r.status == EvalStatus::kCorrect && e.mismatches == 0) {
+      // Within the element-wise tolerance, but not within the norm rules.
+      const TensorSpec& t = *o.spec;
+      std::string msg = "output '" + t.name + "', input set " + std::to_string(set) + ": ";
+      if (e.rel_norm > e.rel_norm_bound)
+        msg += "relative error norm ||out - ref|| / ||ref|| = " + Num(e.rel_norm) + " exceeds " + Num(e.rel_norm_bound) +
+               " for " + DTypeName(t.dtype);
+      else
+        msg += std::to_string(e.large_errors) + " of " + std::to_string(e.considered) +
+               " elements that are not tiny (|ref| >= " + Num(100 * ref_.signature.ToleranceFor(t.dtype).TinyFraction()) +
+               "% of the RMS) have a relative error above " + Num(e.large_rel) +
+               " (at most " + Num(100 * e.large_share_cap) + "% may)";
+      msg += " although every element is within atol/rtol: is it computed in a lower precision, or are small "
+             "outputs skipped?";
+      r.status = EvalStatus::kIncorrect;
+      r.message = msg;
+    } else if (bad && r.status == EvalStatus::kCorrect) {
+      const TensorSpec& t = *o.spec;
+      Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
+      std::string msg = "output '" + t.name + "', input set " + std::to_string(set) + ": " + std::to_string(e.mismatches) +
+                        " of " + std::to_string(t.numel()) + " elements wrong (atol " + Num(tol.atol) + ", rtol " +
+                        Num(tol.rtol) + ")";
+      if (e.unwritten) msg += ", " + std::to_string(e.unwritten) + " never written";
+      if (e.nan_mismatches) msg += ", " + std::to_string(e.nan_mismatches) + " NaN/Inf where the reference is finite";
+      if (e.first_mismatch >= 0) {
+        size_t es = DTypeSize(t.dtype);
+        unsigned char got[8] = {}, want[8] = {};
+        d_->cuMemcpyDtoH(got, arena_.get() + o.offset + e.first_mismatch * es, es);
+        d_->cuMemcpyDtoH(want, o.refs[set] + e.first_mismatch * es, es);
+        msg += "; first at index " + std::to_string(e.first_mismatch) + ": got " + Num(ElementAsDouble(t.dtype, got)) +
+               ", expected " + Num(ElementAsDouble(t.dtype, want));
+      }
+      r.status = EvalStatus::kIncorrect;
+      r.message = msg;
+    }
+  }
+  // Inputs must be unchanged (stops writing intermediates into inputs and
+  // corrupting the data later runs are checked on).
+  std::vector<const TensorSlot*> slots;
+  for (const auto& s : set_inputs_[set]) slots.push_back(&s);
+  for (const auto& s : params_) slots.push_back(&s);
+  // A modified input is named first even when outputs are also wrong: it is
+  // the cause, and which symptom shows depends on how the candidate's blocks race.
+  bool input_named = false;
+  for (const TensorSlot* s : slots) {
+    auto diff = CountDiffWords(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
+    if (!diff.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
+    if (*diff) {
+      d_->cuMemcpyDtoD(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
+      std::string msg = "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
+                        " 4-byte words changed, input set " + std::to_string(set) + ")";
+      if (!input_named && (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)) {
+        r.message = r.status == EvalStatus::kCorrect ? msg : msg + "; " + r.message;
+        r.status = EvalStatus::kIncorrect;
+        input_named = true;
+      }
+    }
+  }
+  // Guards around outputs: a write past an output's end is a memory error.
+  auto check_guard = [&](uint64_t off, uint64_t bytes, const std::string& what) {
+    auto n = CountNotFill(arena_.get() + off, bytes, kGuardByte);
+    if (n.ok() && *n) {
+      d_->cuMemsetD8(arena_.get() + off, kGuardByte, bytes);
+      if (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)
+        fail(EvalStatus::kRuntimeError, "wrote " + std::to_string(*n) + " bytes " + what);
+    }
+  };
+  check_guard(0, kGuard, "before the start of its buffers");
+  for (const auto& o : outputs_)
+    check_guard(o.guard_offset, o.guard_bytes, "past the end of output '" + o.spec->name + "' (its alignment padding included)");
+  return r;
+}
+
+
+}  // namespace ks

@@ -1,0 +1,140 @@
+// The GPU evaluator's checks, run by trusted kernels in this process: outputs
+// against the reference (element-wise, relative norm, large-error share, a
+// hash of the bits), and inputs, guards and padding against their pristine copies.
+#include "evaluator/gpu_evaluator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "common/base64.h"
+#include "common/files.h"
+#include "common/unique_fd.h"
+#include "evaluator/launch_plan.h"
+#include "evaluator/sandbox.h"
+#include "evaluator/worker_protocol.h"
+
+#include "evaluator/gpu_evaluator_internal.h"
+
+namespace ks {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using namespace gpu_internal;  // NOLINT: the evaluator's own internals
+
+StatusOr<uint64_t> GpuEvaluator::CountDiffWords(CUdeviceptr a, CUdeviceptr b, uint64_t bytes) {
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(stats_.get(), 0, sizeof(Stats)), "cuMemsetD8"));
+  unsigned long long n = (bytes + 3) / 4;
+  CUdeviceptr count = stats_.get();
+  void* args[] = {&a, &b, &n, &count};
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, info_.multiprocessors * 8));
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuLaunchKernel(diff_words_, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "diff_words"));
+  uint64_t result = 0;
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(&result, count, 8), "cuMemcpyDtoH"));
+  return result;
+}
+
+StatusOr<uint64_t> GpuEvaluator::CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill) {
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(stats_.get(), 0, sizeof(Stats)), "cuMemsetD8"));
+  unsigned long long n = bytes;
+  unsigned v = fill;
+  CUdeviceptr count = stats_.get();
+  void* args[] = {&p, &n, &v, &count};
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, info_.multiprocessors * 8));
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuLaunchKernel(count_not_fill_, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "count_not_fill"));
+  uint64_t result = 0;
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(&result, count, 8), "cuMemcpyDtoH"));
+  return result;
+}
+
+namespace {
+
+struct CompareArgs {
+  CUdeviceptr out, ref;
+  unsigned long long n;
+  double atol, rtol, tiny, large_rel;
+  uint64_t poison;
+};
+
+// One launch of a cmp_* helper over a whole output; the figures come back in `stats`.
+StatusOr<Stats> LaunchCompare(const CudaDriver* d, CUfunction fn, CUdeviceptr stats, unsigned max_grid, CompareArgs c) {
+  Stats init{};
+  init.first = ~0ull;
+  KS_RETURN_IF_ERROR(d->Check(d->cuMemcpyHtoD(stats, &init, sizeof init), "cuMemcpyHtoD"));
+  unsigned long long poison = c.poison;
+  void* args[] = {&c.out, &c.ref, &c.n, &c.atol, &c.rtol, &c.tiny, &c.large_rel, &poison, &stats};
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((c.n + 255) / 256, 1, max_grid));
+  KS_RETURN_IF_ERROR(d->Check(d->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "compare"));
+  Stats s;
+  KS_RETURN_IF_ERROR(d->Check(d->cuMemcpyDtoH(&s, stats, sizeof s), "cuMemcpyDtoH"));
+  return s;
+}
+
+// The norm rules of Tolerance beside the element-wise one.
+bool NormRuleBroken(const OutputError& e) {
+  if (e.rel_norm_bound <= 0) return false;
+  return e.rel_norm > e.rel_norm_bound ||
+         (e.considered > 0 && static_cast<double>(e.large_errors) > e.large_share_cap * e.considered);
+}
+
+}  // namespace
+
+StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set) {
+  // The reference against itself: the sum of squares of its finite values.
+  CompareArgs a{o.refs[set], o.refs[set], static_cast<unsigned long long>(o.spec->numel()), 0, 0,
+                INFINITY, 0, 0};
+  PoisonPattern p;
+  PoisonFor(o.spec->dtype, &p, &a.poison);
+  KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(o.spec->dtype)], stats_.get(),
+                                             info_.multiprocessors * 8, a));
+  return s.sum_sq_ref;
+}
+
+Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash) {
+  const TensorSpec& t = *o.spec;
+  Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
+  CompareArgs a{arena_.get() + o.offset, o.refs[set], static_cast<unsigned long long>(t.numel()), tol.atol,
+                tol.rtol, INFINITY, 0, 0};
+  if (tol.large_rel > 0) {
+    // "Not tiny" is relative to the output's RMS, so an honest kernel's
+    // rounding (also relative to the RMS) never makes a large relative error.
+    a.tiny = std::max(tol.TinyFraction() * o.ref_rms[set], std::numeric_limits<double>::min());
+    a.large_rel = tol.large_rel;
+  }
+  PoisonPattern p;
+  PoisonFor(t.dtype, &p, &a.poison);
+  KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(t.dtype)], stats_.get(),
+                                             info_.multiprocessors * 8, a));
+  float mabs, mrel;
+  std::memcpy(&mabs, &s.max_abs_bits, 4);
+  std::memcpy(&mrel, &s.max_rel_bits, 4);
+  err->name = t.name;
+  err->input_set = set;
+  err->max_abs = mabs;
+  err->max_rel = mrel;
+  err->rel_norm = s.sum_sq_ref > 0 ? std::sqrt(s.sum_sq_diff / s.sum_sq_ref) : std::sqrt(s.sum_sq_diff);
+  err->mismatches = static_cast<int64_t>(s.mismatches);
+  err->first_mismatch = s.first == ~0ull ? -1 : static_cast<int64_t>(s.first);
+  err->unwritten = static_cast<int64_t>(s.unwritten);
+  err->nan_mismatches = static_cast<int64_t>(s.nonfinite);
+  err->rel_norm_bound = tol.rel_norm;
+  err->considered = static_cast<int64_t>(s.considered);
+  err->large_errors = static_cast<int64_t>(s.large);
+  err->large_rel = tol.large_rel;
+  err->large_share_cap = tol.large_share;
+  *hash = s.hash;
+  *bad = s.mismatches > 0 || NormRuleBroken(*err);
+  return Status::Ok();
+}
+
+
+}  // namespace ks
