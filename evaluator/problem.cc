@@ -188,6 +188,12 @@ std::vector<std::string> BridgeArgv(const std::string& python, const std::string
   return argv;
 }
 
+// "FILE: the reference bridge failed (WHY):\n<the tail of its stderr>".
+Status BridgeFailed(const std::string& file, const std::string& why, const std::string& stderr_text) {
+  std::string err = Tail(stderr_text);
+  return Internal(file + ": the reference bridge failed (" + why + ")" + (err.empty() ? "" : ":\n" + err));
+}
+
 // A bridge whose caller was killed would go on writing gigabytes into a
 // temporary directory nobody will rename, or hold GPU memory: it dies with its parent.
 int DieWithParent() { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 ? 0 : 126; }
@@ -209,8 +215,7 @@ StatusOr<json> RunBridge(const std::string& file, std::vector<std::string> args,
   if (!r.Succeeded() || !j.is_object()) {
     std::string why = r.Describe();
     if (r.term_signal == SIGKILL) why += " (out of memory?)";
-    std::string err = Tail(r.err);
-    return Internal(file + ": the reference bridge failed (" + why + ")" + (err.empty() ? "" : ":\n" + err));
+    return BridgeFailed(file, why, r.err);
   }
   return j;
 }
@@ -525,9 +530,7 @@ StatusOr<std::pair<ReferenceData, json>> StartResidentBridge(const std::string& 
   auto failure = [&](const std::string& why) {
     std::string how = child.Kill();
     auto text = ReadFile(err_path, 1u << 20);
-    std::string err = text.ok() ? Tail(*text) : "";
-    return Internal(file + ": the reference bridge failed (" + why + (how.empty() ? "" : ", " + how) + ")" +
-                    (err.empty() ? "" : ":\n" + err));
+    return BridgeFailed(file, why + (how.empty() ? "" : ", " + how), text.ok() ? *text : "");
   };
   if (!line.ok()) {
     if (line.status().code() == Code::kDeadlineExceeded)
@@ -682,9 +685,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     if (opts.time && !opts.refresh) {
       if (auto text = ReadFile((timing_dir / "manifest.json").string(), 64u << 20); text.ok()) {
         json t = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-        if (t.is_object() && t.contains("timing") && t["timing"].is_object() && t["timing"].contains("eager") &&
-            t["timing"]["eager"].is_object())
-          cached = t;
+        if (ManifestHasTiming(t)) cached = t;
       }
     }
     std::vector<std::string> args = {"reference", file, "--resident", "--sets", std::to_string(opts.sets),

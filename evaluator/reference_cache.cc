@@ -132,8 +132,7 @@ StatusOr<CacheUsage> ReadCacheUsage(const std::string& dir) {
       auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (j.is_object()) {
         if (j.contains("sets") && j["sets"].is_array()) e.sets = static_cast<int>(j["sets"].size());
-        e.timed = j.contains("timing") && j["timing"].is_object() && j["timing"].contains("eager") &&
-                  j["timing"]["eager"].is_object();
+        e.timed = ManifestHasTiming(j);
       }
     }
     u.entry_bytes += e.bytes;
@@ -143,6 +142,11 @@ StatusOr<CacheUsage> ReadCacheUsage(const std::string& dir) {
   std::sort(u.entries.begin(), u.entries.end(),
             [](const CacheEntry& a, const CacheEntry& b) { return a.last_used_ns < b.last_used_ns; });
   return u;
+}
+
+bool ManifestHasTiming(const nlohmann::json& j) {
+  return j.is_object() && j.contains("timing") && j["timing"].is_object() && j["timing"].contains("eager") &&
+         j["timing"]["eager"].is_object();
 }
 
 void TouchCacheEntry(const std::string& entry_dir) {

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 
 namespace ks {
@@ -56,6 +58,9 @@ StatusOr<CacheUsage> ReadCacheUsage(const std::string& dir);
 
 // Marks an entry as used now (its manifest's mtime).
 void TouchCacheEntry(const std::string& entry_dir);
+
+// Whether a reference manifest holds PyTorch timings (an eager median at least).
+bool ManifestHasTiming(const nlohmann::json& manifest);
 
 // Removes temporary directories left by runs whose process no longer exists
 // (killed bridge runs); returns how many were removed.
