@@ -30,6 +30,8 @@ MIX_MIXED=${MIX_MIXED:-honest=0.6,incorrect=0.15,compile_error=0.1,crash=0.05,ha
 MIX_ISSUE4=${MIX_ISSUE4:-honest=0.8,crash=0.07,hang=0.05,cheat=0.08}
 ISSUE4_BOUND_S=${ISSUE4_BOUND_S:-240}
 BATCH_LIMIT_S=${BATCH_LIMIT_S:-300}   # hard cap per batch command (keeps run_all bounded)
+TIMING=${TIMING:-adaptive}            # eval --timing: adaptive (default) or full (the method before issue 13)
+SKIP_ISSUE4=${SKIP_ISSUE4:-0}         # 1: the mixed batch only
 
 require_ks
 require_gpu
@@ -50,12 +52,12 @@ warm_md=$(ls "$T"/warm/*.md | head -n 1)
 # 1. warm-up, cold then cached.
 log "throughput: warm-up (cold reference cache) ..."
 t0=$(now)
-"$KS" eval "$PROBLEM" "$warm_md" --json --run-timeout "$RUN_TIMEOUT" >"$OUT/throughput_warm_cold.json" 2>"$OUT/throughput_warm_cold.err"
+"$KS" eval "$PROBLEM" "$warm_md" --json --run-timeout "$RUN_TIMEOUT" --timing "$TIMING" >"$OUT/throughput_warm_cold.json" 2>"$OUT/throughput_warm_cold.err"
 warm_cold_rc=$?
 warm_cold_s=$(elapsed "$t0" "$(now)")
 log "throughput: warm-up (cached reference) ..."
 t0=$(now)
-"$KS" eval "$PROBLEM" "$warm_md" --json --run-timeout "$RUN_TIMEOUT" >"$OUT/throughput_warm_cached.json" 2>"$OUT/throughput_warm_cached.err"
+"$KS" eval "$PROBLEM" "$warm_md" --json --run-timeout "$RUN_TIMEOUT" --timing "$TIMING" >"$OUT/throughput_warm_cached.json" 2>"$OUT/throughput_warm_cached.err"
 warm_cached_rc=$?
 warm_cached_s=$(elapsed "$t0" "$(now)")
 if [ "$warm_cold_rc" -ge 2 ] || [ "$warm_cached_rc" -ge 2 ]; then
@@ -67,15 +69,20 @@ run_batch() {  # name dir -> $OUT/throughput_NAME.jsonl, prints "rc wall_s"
   local name=$1 dir=$2 t0 rc
   log "throughput: batch $name ($(ls "$dir"/*.md | wc -l) candidates) ..."
   t0=$(now)
-  timeout --kill-after=10 "$BATCH_LIMIT_S" "$KS" eval "$PROBLEM" "$dir" --json --run-timeout "$RUN_TIMEOUT" \
+  timeout --kill-after=10 "$BATCH_LIMIT_S" "$KS" eval "$PROBLEM" "$dir" --json --run-timeout "$RUN_TIMEOUT" --timing "$TIMING" \
     >"$OUT/throughput_$name.jsonl" 2>"$OUT/throughput_$name.err"
   rc=$?
   echo "$rc $(elapsed "$t0" "$(now)")"
 }
 read -r mixed_rc mixed_s < <(run_batch mixed "$T/mixed")
-read -r issue4_rc issue4_s < <(run_batch issue4 "$T/issue4")
+if [ "$SKIP_ISSUE4" = 1 ]; then
+  issue4_rc=0 issue4_s=0
+  : >"$OUT/throughput_issue4.jsonl"
+else
+  read -r issue4_rc issue4_s < <(run_batch issue4 "$T/issue4")
+fi
 
-export T RUN_TIMEOUT N_MIXED N_ISSUE4 MIX_MIXED MIX_ISSUE4 ISSUE4_BOUND_S PROBLEM BATCH_LIMIT_S
+export T RUN_TIMEOUT TIMING N_MIXED N_ISSUE4 MIX_MIXED MIX_ISSUE4 ISSUE4_BOUND_S PROBLEM BATCH_LIMIT_S
 export warm_cold_rc warm_cold_s warm_cached_rc warm_cached_s mixed_rc mixed_s issue4_rc issue4_s
 "$PYTHON" - <<'EOF'
 import collections, json, os, statistics
@@ -130,6 +137,14 @@ def analyse(name, n, rc, wall):
         if isinstance(r.get("eval_s"), (int, float)):
             by_kind[kinds.get(f, "?")].append(r["eval_s"] + (r.get("compile_s") or 0))
     medians = [r["timing"]["median_ms"] for r in rows if isinstance(r.get("timing"), dict)]
+    # Where the time went: each phase summed over the batch (GPU side, one
+    # candidate after another), compile CPU seconds (parallel, ahead of the GPU).
+    phases = collections.defaultdict(float)
+    for r in rows:
+        for k, v in (r.get("phases_s") or {}).items():
+            phases[k] += v
+    stopped = collections.Counter((r.get("timing") or {}).get("stopped", "-") for r in rows if isinstance(r.get("timing"), dict))
+    runs = [r["timing"]["runs"] for r in rows if isinstance(r.get("timing"), dict)]
     res = {
         "candidates": n, "returned": len(rows), "unparsed_lines": junk, "rc": rc, "wall_s": wall,
         "per_minute": (len(rows) / wall * 60.0) if wall > 0 and rows else 0.0,
@@ -144,6 +159,8 @@ def analyse(name, n, rc, wall):
         "seconds_by_kind": {k: {"n": len(v), "median": statistics.median(v), "max": max(v)} for k, v in sorted(by_kind.items())},
         "candidate_median_ms": {"median": statistics.median(medians), "min": min(medians), "max": max(medians)} if medians else None,
         "device": rows[0].get("device") if rows else None,
+        "phases_s": dict(phases), "compile_cpu_s": sum(compile_s), "timing_stopped": dict(stopped),
+        "timed_runs": {"median": statistics.median(runs), "min": min(runs), "max": max(runs)} if runs else None,
     }
     if rc >= 2 or not rows:
         res["error"] = "eval exited %d%s; stderr tail: %s" % (rc, " (killed at the %s s cap)" % E["BATCH_LIMIT_S"] if rc in (124, 137) else "", err_tail(name))
@@ -172,7 +189,7 @@ except (OSError, ValueError):
 result = {
     "benchmark": "throughput", "date": E["BENCH_DATE"], "device": E["BENCH_DEVICE"], "commit": E["BENCH_COMMIT"],
     "host_cpus": int(E["BENCH_HOST_CPUS"]), "cpu": E["BENCH_CPU"],
-    "command": "$KS eval %s DIR --json --run-timeout %s  (KS=%s)" % (E["PROBLEM"], E["RUN_TIMEOUT"], E["KS"]),
+    "command": "$KS eval %s DIR --json --run-timeout %s --timing %s  (KS=%s)" % (E["PROBLEM"], E["RUN_TIMEOUT"], E["TIMING"], E["KS"]),
     "warmup": {"cold_s": warm_cold, "cold_rc": int(E["warm_cold_rc"]), "cached_s": warm_cached,
                "cached_rc": int(E["warm_cached_rc"]),
                "reference_prep_s": warm_cold - warm_cached,
@@ -207,6 +224,13 @@ L.append("- issue 4 (%s): honest %d/%d correct (**%s**), %.1f s vs bound %.0f s 
             json.dumps(issue4["statuses"], sort_keys=True)))
 L.append("- worker restarts are counted from the statuses (each timeout and runtime_error ends the worker); "
          "the human output's \"worker restarts: N\" is not printed with --json")
+for name, r in (("mixed", mixed), ("issue-4", issue4)):
+    if r["phases_s"]:
+        L.append("- %s, where the time went (seconds summed over the batch; GPU-side phases run one candidate after "
+                 "another, compiles in parallel ahead of them): %s; compile %.1f CPU s; timed runs per correct "
+                 "candidate %s; why timing stopped %s" % (
+                     name, ", ".join("%s %.2f" % (k, v) for k, v in sorted(r["phases_s"].items(), key=lambda kv: -kv[1])),
+                     r["compile_cpu_s"], json.dumps(r["timed_runs"]), json.dumps(r["timing_stopped"], sort_keys=True)))
 for name, r in (("mixed", mixed), ("issue-4", issue4)):
     sk = r["seconds_by_kind"]
     if sk:

@@ -32,6 +32,7 @@ struct EvalArgs {
   bool json = false;
   bool keep_privileges = false;
   double run_timeout_s = 0;
+  std::string timing = "adaptive";  // --timing: adaptive | full (GpuEvaluatorOptions::timing)
   CacheFlags cache;
   bool verbose = false;
 };
@@ -74,6 +75,7 @@ StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, cons
   go.drop_privileges = !a.keep_privileges;
   go.run_timeout_s = a.run_timeout_s;
   go.python = a.python;
+  go.timing = a.timing == "full" ? TimingMode::kFull : TimingMode::kAdaptive;
   const auto setup_start = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, GpuEvaluator::Create(ref, go));
   if (a.verbose) {
@@ -267,8 +269,19 @@ int Run(const EvalArgs& a) {
   const auto eval_start = std::chrono::steady_clock::now();
   auto results = ev->evaluator->EvaluateBatch(to_eval);
   if (!results.ok()) return ReportError(results.status());
-  if (a.verbose)
+  if (a.verbose) {
     std::fprintf(stderr, "  %-52s %8.3f\n", "candidates (compile, runs, checks, timing)", SecondsSince(eval_start));
+    // Where the candidates' GPU time went, summed over all of them (compiles
+    // run in parallel ahead of the GPU, so their sum is CPU time, not wall time).
+    std::map<std::string, double> sums;
+    double compile = 0;
+    for (const auto& e : *results) {
+      compile += e.compile_s;
+      for (const auto& [name, sec] : e.phases) sums[name] += sec;
+    }
+    std::fprintf(stderr, "    %-50s %8.3f\n", "compile (CPU seconds, in parallel)", compile);
+    for (const auto& [name, sec] : sums) std::fprintf(stderr, "    %-50s %8.3f\n", name.c_str(), sec);
+  }
   std::vector<std::optional<Evaluation>> by_file(files.size());
   for (size_t k = 0; k < index.size(); ++k) by_file[index[k]] = (*results)[k];
   bool all_correct = true;
@@ -321,6 +334,12 @@ void RegisterEvalCommand(CLI::App& app) {
   sub->add_option("--sets", a->sets, "Input sets to check against")->capture_default_str()->check(CLI::Range(1, 16));
   sub->add_option("--run-timeout", a->run_timeout_s, "Seconds one run of the plan may take before it is killed (0 = auto: 200x the PyTorch time, 2..60 s)")
       ->capture_default_str();
+  sub->add_option("--timing", a->timing,
+                  "adaptive: warm-up runs batched, timed runs until the median is stable, fewer for a candidate "
+                  "clearly slower than the best so far (recorded as cut short); full: every warm-up run checked on "
+                  "its own and the full planned count of timed runs (the method before adaptive timing)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adaptive", "full"}));
   AddPythonOption(sub, &a->python);
   AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");

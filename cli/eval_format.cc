@@ -22,6 +22,8 @@ void PrintEvaluation(const Evaluation& e) {
     const auto& t = *e.timing;
     std::printf("time:     median %s (mean %s, min %s, max %s, sd %s, %d runs)\n", Ms(t.median_ms).c_str(),
                 Ms(t.mean_ms).c_str(), Ms(t.min_ms).c_str(), Ms(t.max_ms).c_str(), Ms(t.stddev_ms).c_str(), t.runs);
+    if (t.cut_short())
+      std::printf("          cut short: clearly slower than the best candidate so far, so fewer runs were made\n");
   }
   if (e.eager) {
     std::printf("eager:    median %s", Ms(e.eager->median_ms).c_str());

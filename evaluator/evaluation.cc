@@ -30,8 +30,13 @@ StatusOr<EvalStatus> ParseEvalStatus(const std::string& s) {
 }
 
 json TimingToJson(const TimingStats& t) {
-  return {{"median_ms", t.median_ms}, {"mean_ms", t.mean_ms}, {"min_ms", t.min_ms},
-          {"max_ms", t.max_ms},       {"stddev_ms", t.stddev_ms}, {"runs", t.runs}};
+  json j{{"median_ms", t.median_ms}, {"mean_ms", t.mean_ms}, {"min_ms", t.min_ms},
+         {"max_ms", t.max_ms},       {"stddev_ms", t.stddev_ms}, {"runs", t.runs}};
+  if (!t.stopped.empty()) {
+    j["stopped"] = t.stopped;
+    j["cut_short"] = t.cut_short();
+  }
+  return j;
 }
 
 TimingStats TimingFromJson(const json& j) {
@@ -42,6 +47,7 @@ TimingStats TimingFromJson(const json& j) {
   t.max_ms = j.value("max_ms", 0.0);
   t.stddev_ms = j.value("stddev_ms", 0.0);
   t.runs = j.value("runs", 0);
+  t.stopped = j.value("stopped", "");
   return t;
 }
 
@@ -83,6 +89,11 @@ json EvaluationToJson(const Evaluation& e) {
     j["roofline"] = nullptr;
   }
   j["launch_profiles"] = LaunchProfilesToJson(e.launch_profiles);
+  if (!e.phases.empty()) {
+    json ph = json::object();
+    for (const auto& [name, s] : e.phases) ph[name] = ph.value(name, 0.0) + s;
+    j["phases_s"] = ph;
+  }
   return j;
 }
 
@@ -143,6 +154,9 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
                           r.value("compute_class", ""),   r.value("bound", "")};
   }
   e.launch_profiles = LaunchProfilesFromJson(j.value("launch_profiles", json::array()));
+  if (j.contains("phases_s") && j["phases_s"].is_object())
+    for (const auto& [name, v] : j["phases_s"].items())
+      if (v.is_number()) e.phases.emplace_back(name, v.get<double>());
   return e;
 }
 

@@ -68,6 +68,12 @@ struct TimingStats {
   double max_ms = 0;
   double stddev_ms = 0;
   int runs = 0;
+  // Why the timed runs ended (candidates; empty for the reference's figures):
+  // "runs" (the planned count), "stable" (the median's 95% interval was
+  // narrow enough), "slower_than_best" (clearly slower than the best candidate
+  // so far: cut short, fewer runs), "time_cap" (the timed phase's wall-clock cap).
+  std::string stopped;
+  bool cut_short() const { return stopped == "slower_than_best"; }
 };
 
 struct Roofline {
@@ -110,6 +116,9 @@ struct Evaluation {
   std::string device;
   double compile_s = 0;
   double eval_s = 0;
+  // Where eval_s went, in order (GPU evaluations): "load", "correctness",
+  // "warmup", "timed", "profile", "final_checks", "worker_start"; seconds.
+  std::vector<std::pair<std::string, double>> phases;
 
   bool correct() const { return status == EvalStatus::kCorrect; }
 };

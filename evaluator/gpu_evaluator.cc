@@ -212,6 +212,12 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   auto t0 = Clock::now();
   Evaluation e;
   e.device = info_.name;
+  auto phase_mark = t0;
+  auto phase = [&](const char* name) {
+    auto now = Clock::now();
+    e.phases.emplace_back(name, std::chrono::duration<double>(now - phase_mark).count());
+    phase_mark = now;
+  };
   e.compile_log = compiled.log;
   e.compile_s = compiled.seconds;
   for (const auto& k : compiled.kernels) e.resources.push_back(k.resources);
@@ -230,6 +236,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   e.launches = plan->Summary();
   if (!worker_ready_) {
     if (Status s = StartWorker(); !s.ok()) return finish(EvalStatus::kRuntimeError, "evaluator: " + s.message());
+    phase("worker_start");
   }
   // The load request: tensor arguments become arena offsets, one per input set.
   json launches = json::array();
@@ -285,6 +292,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     return finish(EvalStatus::kLaunchError, (*reply).value("message", "load failed"));
   }
   const json occupancy = (*reply).value("occupancy", json::array());
+  phase("load");
 
   const int sets = static_cast<int>(ref_.sets.size());
   std::map<std::string, OutputError> worst;
@@ -344,29 +352,46 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     }
     first_ms.push_back(r.ms);
   }
-  // Warm-up, then timed runs; every one of them is verified too.
+  phase("correctness");
+  // Warm-up (as timing.py: at least 3 runs and warmup_ms of run time, at most
+  // 1000 runs), then timed runs. Every timed run is verified.
   double estimate = std::max(Summarize(first_ms).median_ms, 1e-3);
-  double warm_total = 0;
-  std::vector<double> warm_ms;
   int run_index = 0;
-  auto phase_start = Clock::now();
-  for (int w = 0; w < 3 || warm_total < opts_.warmup_ms; ++w) {
-    RunResult r = run(run_index++ % sets);
+  if (opts_.timing == TimingMode::kAdaptive) {
+    int runs = static_cast<int>(std::clamp(std::ceil(opts_.warmup_ms / estimate), 3.0, 1000.0));
+    RunResult r = WarmUp(runs, 0, estimate);
     keep_worst(r.errors);
     if (r.status != EvalStatus::kCorrect) {
       take_errors();
+      if (r.status == EvalStatus::kIncorrect) e.errors = r.errors;
       unload();
-      return finish(r.status, "warm-up run " + std::to_string(w) + ": " + r.message);
+      return finish(r.status, "warm-up (" + std::to_string(runs) + " runs): " + r.message);
     }
-    warm_total += r.ms;
-    warm_ms.push_back(r.ms);
-    if (w >= 1000) break;  // same cap as the reference's timing.py
+    run_index = runs;
+  } else {
+    double warm_total = 0;
+    std::vector<double> warm_ms;
+    for (int w = 0; w < 3 || warm_total < opts_.warmup_ms; ++w) {
+      RunResult r = run(run_index++ % sets);
+      keep_worst(r.errors);
+      if (r.status != EvalStatus::kCorrect) {
+        take_errors();
+        unload();
+        return finish(r.status, "warm-up run " + std::to_string(w) + ": " + r.message);
+      }
+      warm_total += r.ms;
+      warm_ms.push_back(r.ms);
+      if (w >= 1000) break;  // same cap as the reference's timing.py
+    }
+    // As timing.py does: the run count comes from the median warm-up time.
+    estimate = std::max(Summarize(warm_ms).median_ms, 1e-3);
   }
-  // As timing.py does: the run count comes from the median warm-up time.
-  estimate = std::max(Summarize(warm_ms).median_ms, 1e-3);
+  phase("warmup");
   int n = static_cast<int>(std::ceil(opts_.target_timed_ms / std::max(estimate, 1e-3)));
   n = std::clamp(n, opts_.min_timed_runs, opts_.max_timed_runs);
   std::vector<double> ms, ms_device;
+  std::string stopped = "runs";
+  auto phase_start = Clock::now();
   for (int i = 0; i < n; ++i) {
     RunResult r = run(run_index++ % sets);
     keep_worst(r.errors);
@@ -378,10 +403,28 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     }
     ms.push_back(r.ms);
     ms_device.push_back(r.ms_device);
-    if (static_cast<int>(ms.size()) >= opts_.min_timed_runs &&
-        std::chrono::duration<double>(Clock::now() - phase_start).count() > opts_.max_eval_s)
+    const int done = static_cast<int>(ms.size());
+    if (opts_.timing == TimingMode::kAdaptive) {
+      if (done >= opts_.min_timed_runs && MedianStable(ms, opts_.stable_rel, opts_.stable_abs_ms) &&
+          MedianStable(ms_device, opts_.stable_rel, opts_.stable_abs_ms)) {
+        stopped = "stable";
+        break;
+      }
+      // Clearly slower than the best so far: its fastest run (on the stream,
+      // the smaller figure) is far above the best median. Recorded as cut short.
+      if (done >= opts_.cut_min_runs && best_ms_ > 0 &&
+          *std::min_element(ms.begin(), ms.end()) > opts_.cut_factor * best_ms_) {
+        stopped = "slower_than_best";
+        break;
+      }
+    }
+    if (done >= opts_.min_timed_runs &&
+        std::chrono::duration<double>(Clock::now() - phase_start).count() > opts_.max_eval_s) {
+      stopped = "time_cap";
       break;
+    }
   }
+  phase("timed");
   // Each launch on its own, in runs of their own after the timed ones.
   Roofline rf;
   rf.bytes = static_cast<double>(ref_.signature.MinimumBytes());
@@ -408,6 +451,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     }
     e.launch_profiles = std::move(*profiles);
   }
+  phase("profile");
   unload();
   take_errors();
   // Every input set, not only the one each run read: a run must not plant
@@ -423,6 +467,9 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   constexpr double kSyncSlackMs = 0.1;
   double on_stream = Summarize(ms).median_ms, device_wide = Summarize(ms_device).median_ms;
   e.timing = Summarize(device_wide - on_stream > kSyncSlackMs + 0.1 * on_stream ? ms_device : ms);
+  e.timing->stopped = stopped;
+  if (stopped != "slower_than_best" && (best_ms_ <= 0 || e.timing->median_ms < best_ms_)) best_ms_ = e.timing->median_ms;
+  phase("final_checks");
   e.eager = ref_.eager;
   e.compiled = ref_.compiled;
   if (ref_.eager && e.timing->median_ms > 0) e.speedup_eager = ref_.eager->median_ms / e.timing->median_ms;
@@ -515,7 +562,9 @@ StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<
   co.worker_path = opts_.worker_path;
   co.timeout_s = opts_.compile_timeout_s;
   std::vector<std::thread> pool;
-  int threads = std::max(1, std::min<int>(opts_.compile_threads, static_cast<int>(candidates.size())));
+  int want = opts_.compile_threads > 0 ? opts_.compile_threads
+                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  int threads = std::max(1, std::min<int>(want, static_cast<int>(candidates.size())));
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&] {
       for (size_t i; (i = next++) < candidates.size();) promises[i].set_value(CompileCandidate(candidates[i].source, co));

@@ -64,17 +64,38 @@
 
 namespace ks {
 
+// How a candidate's timed runs are chosen (the method of each run is the same).
+enum class TimingMode {
+  // Warm-up runs batched in the worker (one synchronize, outputs of the last
+  // run and every input set verified after them); timed runs stop once the
+  // median is stable, or early for a candidate clearly slower than the best so far.
+  kAdaptive,
+  // Every warm-up run verified on its own, and the full planned count of timed
+  // runs: the method before adaptive timing, kept for comparison (--timing full).
+  kFull,
+};
+
 struct GpuEvaluatorOptions {
   int device = 0;
   std::string worker_path;          // "" = FindWorker
   double run_timeout_s = 0;         // one run of the plan; 0 = auto: 200x the eager median, within 2..60 s
   double compile_timeout_s = 60;
-  int compile_threads = 4;
+  int compile_threads = 0;          // parallel compiles; 0 = one per CPU core but one
   double target_timed_ms = 1000;    // timing: runs = clamp(target / estimate, min, max)
   int min_timed_runs = 10;
   int max_timed_runs = 200;
   double warmup_ms = 25;            // and at least 3 warm-up runs
   double max_eval_s = 20;           // wall-clock cap on the timed phase of one candidate
+  TimingMode timing = TimingMode::kAdaptive;
+  // Adaptive: stop once the 95% confidence interval of the median (from order
+  // statistics) has a half-width within stable_rel of the median, or within
+  // stable_abs_ms (the resolution of event timing) for very short runs.
+  double stable_rel = 0.005;
+  double stable_abs_ms = 0.001;
+  // Adaptive: after cut_min_runs timed runs, a candidate whose fastest run is
+  // above cut_factor x the best median this evaluator has measured is cut short.
+  int cut_min_runs = 5;
+  double cut_factor = 1.5;
   bool drop_privileges = true;      // the worker runs as nobody when we are root
   size_t worker_log_cap = 64 * 1024;
   double peak_tflops = 0;           // compute peak for the roofline; 0 = the measured peak (below)
@@ -106,6 +127,8 @@ class GpuEvaluator : public CandidateEvaluator {
   // The device malloc heap the worker's context was left with (as small as the driver allows).
   uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
   int sets() const { return static_cast<int>(ref_.sets.size()); }
+  // The best median of a correct candidate so far (0 before the first).
+  double best_ms() const { return best_ms_; }
 
  private:
   struct TensorSlot {
@@ -144,6 +167,16 @@ class GpuEvaluator : public CandidateEvaluator {
   void StopWorker(const std::string& why);
   std::string TakeWorkerLog();
   RunResult RunOnce(int set, bool split = false);
+  // The checks after a run on `set` (outputs, inputs, guards), into r.
+  void CheckRun(int set, RunResult& r);
+  // `runs` warm-up runs in one worker request, from input set `first_set` on,
+  // then the checks of the last run and of every input set.
+  RunResult WarmUp(int runs, int first_set, double estimate_ms);
+  // A worker's reply to a run: true when it ran; otherwise r says why (a
+  // timeout or a dead worker stops the worker).
+  bool ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r);
+  // A reply naming __device__ variables that changed makes r incorrect.
+  void NoteStateChanged(const nlohmann::json& reply, RunResult& r);
   // The per-launch figures (evaluator/launch_profile.h) from a few split runs
   // after the timed ones; a run that fails here fails the candidate as any run does.
   StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan, const nlohmann::json& occupancy,
@@ -181,6 +214,7 @@ class GpuEvaluator : public CandidateEvaluator {
   std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
   int worker_restarts_ = 0;
   uint64_t worker_heap_bytes_ = 0;
+  double best_ms_ = 0;
 };
 
 }  // namespace ks

@@ -220,6 +220,20 @@ inline std::string Num(double v) {
   return buf;
 }
 
+// Whether the median of `ms` is known well enough: the distribution-free 95%
+// confidence interval of the median (order statistics n/2 -+ 0.98 sqrt(n)) has
+// a half-width within rel of the median, or within abs_ms.
+inline bool MedianStable(std::vector<double> ms, double rel, double abs_ms) {
+  const size_t n = ms.size();
+  if (n < 3) return false;
+  std::sort(ms.begin(), ms.end());
+  double half = 0.98 * std::sqrt(static_cast<double>(n));
+  auto lo = static_cast<size_t>(std::max(0.0, std::floor(n / 2.0 - half)));
+  auto hi = static_cast<size_t>(std::min(static_cast<double>(n - 1), std::ceil(n / 2.0 + half)));
+  double median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  return (ms[hi] - ms[lo]) / 2 <= std::max(rel * median, abs_ms);
+}
+
 inline TimingStats Summarize(std::vector<double> ms) {
   TimingStats t;
   t.runs = static_cast<int>(ms.size());

@@ -129,6 +129,55 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
   }
   double limit = RunTimeout();
   auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  if (!ReplyOk(reply, limit, r)) return r;
+  const json& j = *reply;
+  r.ms = j.value("ms", 0.0);
+  r.ms_device = j.value("ms_device", r.ms);
+  if (split) r.launch_ms = j.value("launch_ms", std::vector<double>{});
+  NoteStateChanged(j, r);
+  CheckRun(set, r);
+  return r;
+}
+
+GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double estimate_ms) {
+  RunResult r;
+  const int sets = static_cast<int>(ref_.sets.size());
+  if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "warm"}, {"runs", runs}, {"sets", sets},
+                                                  {"first_set", first_set}});
+      !s.ok()) {
+    StopWorker("send failed");
+    r.status = EvalStatus::kRuntimeError;
+    r.message = "the worker is gone: " + s.message();
+    return r;
+  }
+  // Each run may take a run's limit's worth longer than the estimate says, in total.
+  double limit = RunTimeout() + 10 * runs * estimate_ms * 1e-3;
+  auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  if (!ReplyOk(reply, limit, r)) return r;
+  NoteStateChanged(*reply, r);
+  // The last run's outputs, inputs and guards, as after any run ...
+  CheckRun((first_set + runs - 1) % sets, r);
+  if (r.status != EvalStatus::kCorrect) return r;
+  // ... and every input set: an earlier run may have written into another set.
+  auto diff = CountDiffWords(arena_.get(), pristine_.get(), inputs_end_);
+  if (!diff.ok()) {
+    r.status = EvalStatus::kRuntimeError;
+    r.message = "evaluator: " + diff.status().message();
+  } else if (*diff) {
+    d_->cuMemcpyDtoD(arena_.get(), pristine_.get(), inputs_end_);
+    r.status = EvalStatus::kIncorrect;
+    r.message = "the candidate modified " + std::to_string(*diff) +
+                " 4-byte words of the input buffers (another input set's, or padding)";
+  }
+  return r;
+}
+
+bool GpuEvaluator::ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r) {
+  auto fail = [&](EvalStatus st, std::string msg) {
+    r.status = st;
+    r.message = std::move(msg);
+    return false;
+  };
   if (!reply.ok()) {
     if (reply.status().code() == Code::kDeadlineExceeded) {
       StopWorker("timeout");
@@ -150,9 +199,10 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
     std::string st = j.value("status", "runtime_error");
     return fail(st == "launch_error" ? EvalStatus::kLaunchError : EvalStatus::kRuntimeError, j.value("message", ""));
   }
-  r.ms = j.value("ms", 0.0);
-  r.ms_device = j.value("ms_device", r.ms);
-  if (split) r.launch_ms = j.value("launch_ms", std::vector<double>{});
+  return true;
+}
+
+void GpuEvaluator::NoteStateChanged(const nlohmann::json& j, RunResult& r) {
   if (j.contains("state_changed") && !j["state_changed"].empty()) {
     std::string names;
     for (const auto& n : j["state_changed"]) names += (names.empty() ? "" : ", ") + n.get<std::string>();
@@ -160,6 +210,13 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
     r.message = "the kernel keeps state across runs in __device__ variable(s) " + names +
                 " (each run of the plan must be independent: no cached results, no call counters)";
   }
+}
+
+void GpuEvaluator::CheckRun(int set, RunResult& r) {
+  auto fail = [&](EvalStatus st, std::string msg) {
+    r.status = st;
+    r.message = std::move(msg);
+  };
   // Verify this run: outputs, then inputs and guards.
   for (auto& o : outputs_) {
     OutputError e;
@@ -239,7 +296,6 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
   check_guard(0, kGuard, "before the start of its buffers");
   for (const auto& o : outputs_)
     check_guard(o.guard_offset, o.guard_bytes, "past the end of output '" + o.spec->name + "' (its alignment padding included)");
-  return r;
 }
 
 

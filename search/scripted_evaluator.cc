@@ -119,9 +119,9 @@ Evaluation ScriptedEvaluator::Decide(const Candidate& c) const {
   std::string ms_text = MarkerArg(c.source, "FAKE_MS");
   if (!ms_text.empty()) ms = std::strtod(ms_text.c_str(), nullptr);
   if (!(ms > 0)) ms = 1.0;
-  e.timing = TimingStats{ms, ms, ms, ms, 0, 20};
-  e.eager = TimingStats{options_.eager_ms, options_.eager_ms, options_.eager_ms, options_.eager_ms, 0, 20};
-  e.compiled = TimingStats{options_.compile_ms, options_.compile_ms, options_.compile_ms, options_.compile_ms, 0, 20};
+  e.timing = TimingStats{ms, ms, ms, ms, 0, 20, "runs"};
+  e.eager = TimingStats{options_.eager_ms, options_.eager_ms, options_.eager_ms, options_.eager_ms, 0, 20, ""};
+  e.compiled = TimingStats{options_.compile_ms, options_.compile_ms, options_.compile_ms, options_.compile_ms, 0, 20, ""};
   e.speedup_eager = options_.eager_ms / ms;
   e.speedup_compile = options_.compile_ms / ms;
   if (std::string launch_ms = MarkerArg(c.source, "FAKE_LAUNCH_MS"); !launch_ms.empty())

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -69,6 +70,7 @@ class Worker {
     if (cmd == "init") return Init(req);
     if (cmd == "load") return Load(req);
     if (cmd == "run") return Run(req);
+    if (cmd == "warm") return Warm(req);
     if (cmd == "unload") {
       cand_.reset();
       return {{"ok", true}};
@@ -279,6 +281,67 @@ class Worker {
         between_.push_back(std::move(*ev));
       }
     }
+    // Flush L2 so every run starts cold, as the reference's runs do. No host
+    // sync before `start`: as in timing.py, the start event and the launches
+    // queue behind the flush and the pad, so launch latency hides behind them
+    // on both sides.
+    if (auto bad = Prepare(/*timed=*/true)) return *bad;
+    d_->cuEventRecord(start_.get(), nullptr);
+    if (split) d_->cuEventRecord(between_[0].get(), nullptr);
+    if (auto bad = LaunchPlan(set, split)) return *bad;
+    // The same method as evaluator/reference/timing.py: an end event on the
+    // stream, then a device-wide sync and a second event. Both figures go back;
+    // the evaluator takes the device-wide series only when its median shows
+    // work outliving the stream (other streams, device-side launches).
+    d_->cuEventRecord(end_.get(), nullptr);
+    if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("running the plan", r);
+    d_->cuEventRecord(after_.get(), nullptr);
+    if (CUresult r = d_->cuEventSynchronize(after_.get()); r != CUDA_SUCCESS) return Sticky("timing", r);
+    float ms = 0, device_wide = 0;
+    d_->cuEventElapsedTime(&ms, start_.get(), end_.get());
+    d_->cuEventElapsedTime(&device_wide, start_.get(), after_.get());
+    json changed = json::array();
+    if (auto bad = AfterChecks(&changed)) return *bad;
+    json reply{{"ok", true}, {"ms", ms}, {"ms_device", device_wide}, {"state_changed", changed}};
+    if (split) {
+      json launch_ms = json::array();
+      for (size_t li = 0; li < c.launches.size(); ++li) {
+        float t = 0;
+        d_->cuEventElapsedTime(&t, between_[li].get(), between_[li + 1].get());
+        launch_ms.push_back(t);
+      }
+      reply["launch_ms"] = launch_ms;
+    }
+    return reply;
+  }
+
+  // Warm-up: `runs` runs of the plan back to back, input sets in turn from
+  // `first_set`, with one synchronize at the end instead of one per run. Each
+  // run is prepared as a timed run is (globals restored, scratch refilled,
+  // outputs poisoned, shared memory scrubbed) except for the L2 flush and the
+  // pad, which only matter to a figure and none is taken here. The checks
+  // that follow a run (scratch guards, globals) are made once, after the last
+  // run; the evaluator then verifies the last run's outputs and every input set.
+  json Warm(const json& req) {
+    if (!cand_) return Fail("internal", "warm-up without a loaded candidate");
+    int runs = req.value("runs", 0);
+    size_t sets = std::max<size_t>(1, req.value("sets", size_t{1}));
+    size_t first = req.value("first_set", size_t{0});
+    for (int i = 0; i < runs; ++i) {
+      if (auto bad = Prepare(/*timed=*/false)) return *bad;
+      if (auto bad = LaunchPlan((first + i) % sets, /*split=*/false)) return *bad;
+    }
+    if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("running the plan", r);
+    json changed = json::array();
+    if (auto bad = AfterChecks(&changed)) return *bad;
+    return {{"ok", true}, {"runs", runs}, {"state_changed", changed}};
+  }
+
+  // Before a run: globals restored, scratch refilled with junk, outputs
+  // poisoned, shared memory scrubbed; for a timed run also the L2 flush and
+  // the pad. An error reply, or nothing.
+  std::optional<json> Prepare(bool timed) {
+    Candidate& c = *cand_;
     for (const auto& g : c.globals)
       if (!g.bytes.empty() && d_->cuMemcpyHtoD(g.ptr, g.bytes.data(), g.bytes.size()) != CUDA_SUCCESS)
         return Sticky("restoring globals");
@@ -297,11 +360,8 @@ class Worker {
                                          : d_->cuMemsetD8(p, static_cast<uint8_t>(o.poison.pattern), o.bytes);
       if (r != CUDA_SUCCESS) return Sticky("poisoning outputs");
     }
-    // Flush L2 so every run starts cold, as the reference's runs do. No host
-    // sync before `start`: as in timing.py, the start event and the launches
-    // queue behind the flush and the pad, so launch latency hides behind them
-    // on both sides.
-    if (flush_.get()) d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(++runs_), flush_.bytes() / 4);
+    ++runs_;
+    if (timed && flush_.get()) d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(runs_), flush_.bytes() / 4);
     if (scrub_fn_) {
       uint32_t v = static_cast<uint32_t>(runs_ * 0x9E3779B9u);
       void* scrub_args[] = {&v};
@@ -310,16 +370,19 @@ class Worker {
           r != CUDA_SUCCESS)
         return Sticky("scrubbing shared memory", r);
     }
-    if (pad_fn_) {
+    if (timed && pad_fn_) {
       void* pad_args[] = {&pad_ns_};
       if (CUresult r = d_->cuLaunchKernel(pad_fn_, 1, 1, 1, 32, 1, 1, 0, nullptr, pad_args, nullptr); r != CUDA_SUCCESS)
         return Sticky("launching the timing pad", r);
     }
+    return std::nullopt;
+  }
 
+  // The plan's launches on input set `set` (split: an event after each).
+  std::optional<json> LaunchPlan(size_t set, bool split) {
+    Candidate& c = *cand_;
     std::vector<std::array<unsigned char, 8>> storage;
     std::vector<void*> params;
-    d_->cuEventRecord(start_.get(), nullptr);
-    if (split) d_->cuEventRecord(between_[0].get(), nullptr);
     for (size_t li = 0; li < c.launches.size(); ++li) {
       const LaunchSpec& l = c.launches[li];
       storage.assign(l.args.size(), {});
@@ -373,17 +436,13 @@ class Worker {
       }
       if (split) d_->cuEventRecord(between_[li + 1].get(), nullptr);
     }
-    // The same method as evaluator/reference/timing.py: an end event on the
-    // stream, then a device-wide sync and a second event. Both figures go back;
-    // the evaluator takes the device-wide series only when its median shows
-    // work outliving the stream (other streams, device-side launches).
-    d_->cuEventRecord(end_.get(), nullptr);
-    if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("running the plan", r);
-    d_->cuEventRecord(after_.get(), nullptr);
-    if (CUresult r = d_->cuEventSynchronize(after_.get()); r != CUDA_SUCCESS) return Sticky("timing", r);
-    float ms = 0, device_wide = 0;
-    d_->cuEventElapsedTime(&ms, start_.get(), end_.get());
-    d_->cuEventElapsedTime(&device_wide, start_.get(), after_.get());
+    return std::nullopt;
+  }
+
+  // After a run (synchronized): the scratch guards, and the globals, which
+  // must hold their load-time values again (names that do not go in *changed).
+  std::optional<json> AfterChecks(json* changed) {
+    Candidate& c = *cand_;
     // Guard regions around scratch: a write past either end is a memory error.
     std::string guard(kGuardBytes, '\0');
     for (size_t i = 0; i < c.scratch.size(); ++i) {
@@ -399,25 +458,14 @@ class Worker {
     // Module-scope variables must hold their load-time values again when the
     // plan ends: state kept across launches is how cached results and call
     // counters survive (a legitimate counter is reset by the kernel that uses it).
-    json changed = json::array();
     std::string now;
     for (const auto& g : c.globals) {
       if (g.bytes.empty()) continue;
       now.resize(g.bytes.size());
       if (d_->cuMemcpyDtoH(now.data(), g.ptr, now.size()) != CUDA_SUCCESS) return Sticky("reading globals");
-      if (now != g.bytes) changed.push_back(g.name);
+      if (now != g.bytes) changed->push_back(g.name);
     }
-    json reply{{"ok", true}, {"ms", ms}, {"ms_device", device_wide}, {"state_changed", changed}};
-    if (split) {
-      json launch_ms = json::array();
-      for (size_t li = 0; li < c.launches.size(); ++li) {
-        float t = 0;
-        d_->cuEventElapsedTime(&t, between_[li].get(), between_[li + 1].get());
-        launch_ms.push_back(t);
-      }
-      reply["launch_ms"] = launch_ms;
-    }
-    return reply;
+    return std::nullopt;
   }
 
   json Sticky(const std::string& what, CUresult r = CUDA_ERROR_UNKNOWN) {

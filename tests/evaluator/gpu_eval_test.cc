@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <signal.h>
 #include <stdlib.h>
 
@@ -393,6 +395,74 @@ TEST(GpuEvalTest, AClusterLaunchReportsClusterResidency) {
   ASSERT_TRUE(e16.launch_profiles.size() == 2 && e16.launch_profiles[1].occupancy);
   EXPECT_EQ(e16.launch_profiles[1].occupancy->cluster_size, 16);
   std::printf("%s", LaunchProfileText(e16.launch_profiles, "  ").c_str());
+}
+
+// Issue 13: adaptive timing. A stable kernel stops once its median is known
+// (at least min_timed_runs, far fewer than the planned 200), with the median
+// the full method gives; a clearly slower candidate after it is cut short and
+// says so; every phase of an evaluation is accounted for.
+TEST(GpuEvalTest, AdaptiveTimingStopsWhenStableAndCutsShortAClearlySlowerCandidate) {
+  KS_REQUIRE_GPU();
+  ReferenceOptions ro;
+  ro.sets = 2;
+  ro.device = "cuda";
+  ro.time = true;
+  auto ref = PrepareReference(GpuFixture("softmax_small.py"), ro);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  // The same softmax, made about 4x slower by a spin before it starts.
+  std::string slow = kSoftmax;
+  const std::string body = "  __shared__ float red[32];\n";
+  size_t at = slow.find(body);
+  ASSERT_NE(at, std::string::npos);
+  slow.insert(at + body.size(),
+              "  { long long t0 = clock64(); while (clock64() - t0 < 200000) {} }\n");
+  GpuEvaluatorOptions adaptive;
+  adaptive.run_timeout_s = 5;
+  auto ev = GpuEvaluator::Create(*ref, adaptive);
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  auto batch = (*ev)->EvaluateBatch({Candidate{kSoftmax, SoftmaxPlan("x.shape[1]")},
+                                     Candidate{slow, SoftmaxPlan("x.shape[1]")}});
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  const Evaluation& fast = (*batch)[0];
+  const Evaluation& cut = (*batch)[1];
+  ASSERT_EQ(fast.status, EvalStatus::kCorrect) << fast.message;
+  ASSERT_EQ(cut.status, EvalStatus::kCorrect) << cut.message;
+  ASSERT_TRUE(fast.timing && cut.timing);
+  EXPECT_EQ(fast.timing->stopped, "stable");
+  EXPECT_GE(fast.timing->runs, adaptive.min_timed_runs);
+  EXPECT_LT(fast.timing->runs, 200);
+  EXPECT_FALSE(fast.timing->cut_short());
+  EXPECT_EQ(cut.timing->stopped, "slower_than_best");
+  EXPECT_TRUE(cut.timing->cut_short());
+  EXPECT_EQ(cut.timing->runs, adaptive.cut_min_runs);
+  EXPECT_GT(cut.timing->median_ms, adaptive.cut_factor * fast.timing->median_ms);
+  EXPECT_DOUBLE_EQ((*ev)->best_ms(), fast.timing->median_ms);
+  auto j = EvaluationToJson(cut);
+  EXPECT_EQ(j["timing"]["stopped"], "slower_than_best");
+  EXPECT_EQ(j["timing"]["cut_short"], true);
+  // Every phase is there and together they are the evaluation's time.
+  std::set<std::string> names;
+  double sum = 0;
+  for (const auto& [name, sec] : fast.phases) names.insert(name), sum += sec;
+  for (const char* want : {"load", "correctness", "warmup", "timed", "profile", "final_checks"})
+    EXPECT_TRUE(names.count(want)) << "phase " << want << " missing";
+  EXPECT_NEAR(sum, fast.eval_s, 0.01 + 0.05 * fast.eval_s);
+
+  // The full method on the same kernel: the planned count, the same median.
+  GpuEvaluatorOptions full = adaptive;
+  full.timing = TimingMode::kFull;
+  auto ev_full = GpuEvaluator::Create(*ref, full);
+  ASSERT_TRUE(ev_full.ok()) << ev_full.status().ToString();
+  Evaluation f = EvalOne(ev_full->get(), kSoftmax, SoftmaxPlan("x.shape[1]"));
+  ASSERT_EQ(f.status, EvalStatus::kCorrect) << f.message;
+  EXPECT_EQ(f.timing->stopped, "runs");
+  EXPECT_GT(f.timing->runs, fast.timing->runs);
+  EXPECT_NEAR(fast.timing->median_ms, f.timing->median_ms, 0.03 * f.timing->median_ms);
+  std::printf("adaptive: %.4f ms in %d runs, %.3f s (warm-up %.3f s); full: %.4f ms in %d runs, %.3f s; "
+              "slow: %.4f ms, cut short after %d runs\n",
+              fast.timing->median_ms, fast.timing->runs, fast.eval_s,
+              [&] { for (auto& [n, s] : fast.phases) if (n == "warmup") return s; return 0.0; }(),
+              f.timing->median_ms, f.timing->runs, f.eval_s, cut.timing->median_ms, cut.timing->runs);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ inline int64_t StoreCorrectSeed(store::LineageStore* store, const store::Problem
   Evaluation e;
   e.status = EvalStatus::kCorrect;
   e.device = device;
-  e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20};
+  e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20, "runs"};
   e.speedup_eager = speedup_eager;
   EXPECT_TRUE(store->PutEvaluation(*id, e, std::nullopt).ok());
   return *id;
