@@ -7,6 +7,9 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <vector>
+#include <thread>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -54,10 +57,13 @@ std::vector<std::string> CandidateFiles(const std::string& dir) {
   return out;
 }
 
-// The GPU evaluator for one problem, with eval's options (input sets, run
-// timeout, privileges). Warnings go to stderr.
-StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, const std::string& problem,
-                                                         int device = 0) {
+// The GPU evaluators for one problem, one per device, with eval's options
+// (input sets, run timeout, privileges, timing): the reference is prepared
+// once (the sets must fit on the GPU with the least free memory), then the
+// evaluators are made at the same time, one thread per GPU, each with an equal
+// share of the CPU cores for its compiles. Warnings go to stderr.
+StatusOr<std::vector<std::unique_ptr<GpuEvaluator>>> MakeGpuEvaluatorsOn(const EvalArgs& a, const std::string& problem,
+                                                                          const std::vector<int>& devices) {
   ReferenceOptions ro;
   ro.bridge.python = a.python;
   ro.sets = a.sets;
@@ -66,18 +72,37 @@ StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, cons
   KS_ASSIGN_OR_RETURN(auto cache, ResolveCacheFlags(a.cache));
   std::tie(ro.cache_dir, ro.cache_cap) = cache;
   // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
-  if (auto free_mem = FreeDeviceMemory(device); free_mem.ok()) ro.device_budget = *free_mem / 10 * 9;
+  for (int d : devices)
+    if (auto free_mem = FreeDeviceMemory(d); free_mem.ok()) {
+      uint64_t budget = *free_mem / 10 * 9;
+      if (ro.device_budget == 0 || budget < ro.device_budget) ro.device_budget = budget;
+    }
   if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", problem.c_str());
   KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem, ro));
   for (const auto& w : ref.warnings) std::fprintf(stderr, "warning: %s: %s\n", problem.c_str(), w.c_str());
   GpuEvaluatorOptions go;
-  go.device = device;
   go.drop_privileges = !a.keep_privileges;
   go.run_timeout_s = a.run_timeout_s;
   go.python = a.python;
   go.timing = a.timing == "full" ? TimingMode::kFull : TimingMode::kAdaptive;
+  go.compile_threads = CompileThreadsPerGpu(devices.size());
   const auto setup_start = std::chrono::steady_clock::now();
-  KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, GpuEvaluator::Create(ref, go));
+  std::vector<std::optional<StatusOr<std::unique_ptr<GpuEvaluator>>>> made(devices.size());
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < devices.size(); ++i)
+      threads.emplace_back([&, i] {
+        GpuEvaluatorOptions o = go;
+        o.device = devices[i];
+        made[i] = GpuEvaluator::Create(ref, o);
+      });
+    for (auto& t : threads) t.join();
+  }
+  std::vector<std::unique_ptr<GpuEvaluator>> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (!made[i]->ok()) return made[i]->status().WithContext("gpu " + std::to_string(devices[i]));
+    out.push_back(std::move(*made[i]).value());
+  }
   if (a.verbose) {
     // What the first evaluation of a problem spends its time on, for finding what dominates.
     std::fprintf(stderr, "phases (wall seconds)%s:\n", ref.from_cache ? ", reference from the cache" : "");
@@ -87,16 +112,16 @@ StatusOr<std::unique_ptr<GpuEvaluator>> MakeGpuEvaluator(const EvalArgs& a, cons
     for (const auto& e : ref.evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
   }
   if (ref.signature.flops.value_or(0) > 0) {
-    if (auto peaks = ev->Peaks(); !peaks.ok())
-      std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
-                   problem.c_str(), peaks.status().message().c_str());
+    for (auto& ev : out)
+      if (auto peaks = ev->Peaks(); !peaks.ok())
+        std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
+                     problem.c_str(), peaks.status().message().c_str());
   }
-  return ev;
+  return out;
 }
 
-// --gpus (issue 13): one GPU evaluator per GPU, made one after another (the
-// first prepares the cached reference the others reuse), behind an
-// EvaluatorPool; a single GPU is used as it is.
+// --gpus (issue 13): one GPU evaluator per GPU behind an EvaluatorPool; a
+// single GPU is used as it is.
 struct GpuEvaluators {
   std::unique_ptr<CandidateEvaluator> evaluator;
   std::vector<GpuEvaluator*> members;
@@ -112,14 +137,14 @@ StatusOr<GpuEvaluators> MakeGpuEvaluators(const EvalArgs& a, const std::string& 
   eo.spec = "gpu";
   eo.gpus = a.gpus;
   KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(eo));
+  KS_ASSIGN_OR_RETURN(auto evs, MakeGpuEvaluatorsOn(a, problem, devices));
   GpuEvaluators out;
   std::vector<std::unique_ptr<CandidateEvaluator>> members;
   std::vector<std::string> labels;
-  for (int d : devices) {
-    KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, MakeGpuEvaluator(a, problem, d));
-    out.members.push_back(ev.get());
-    members.push_back(std::make_unique<DeviceBoundEvaluator>(std::move(ev), d));
-    labels.push_back("gpu " + std::to_string(d));
+  for (size_t i = 0; i < evs.size(); ++i) {
+    out.members.push_back(evs[i].get());
+    members.push_back(std::make_unique<DeviceBoundEvaluator>(std::move(evs[i]), devices[i]));
+    labels.push_back("gpu " + std::to_string(devices[i]));
   }
   if (members.size() == 1) {
     out.evaluator = std::move(members.front());

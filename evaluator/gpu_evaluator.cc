@@ -31,6 +31,11 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace gpu_internal;  // NOLINT: the evaluator's own internals
 
+int CompileThreadsPerGpu(size_t gpus) {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, (std::max(cores, 2) - 1) / static_cast<int>(std::max<size_t>(gpus, 1)));
+}
+
 GpuEvaluator::GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts) : ref_(ref), opts_(opts) {}
 
 GpuEvaluator::~GpuEvaluator() {
@@ -562,8 +567,7 @@ StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<
   co.worker_path = opts_.worker_path;
   co.timeout_s = opts_.compile_timeout_s;
   std::vector<std::thread> pool;
-  int want = opts_.compile_threads > 0 ? opts_.compile_threads
-                                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  int want = opts_.compile_threads > 0 ? opts_.compile_threads : CompileThreadsPerGpu(1);
   int threads = std::max(1, std::min<int>(want, static_cast<int>(candidates.size())));
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&] {

@@ -104,6 +104,10 @@ struct GpuEvaluatorOptions {
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
 };
 
+// Compile threads for each of `gpus` evaluators of one host: the CPU cores but
+// one, shared equally (each evaluator compiles its own candidates ahead of its GPU).
+int CompileThreadsPerGpu(size_t gpus);
+
 class GpuEvaluator : public CandidateEvaluator {
  public:
   // Loads the reference onto the GPU and starts a worker. FailedPrecondition

@@ -99,6 +99,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       GpuEvaluatorOptions go;
       go.device = device;
       go.python = options.python;
+      go.compile_threads = CompileThreadsPerGpu(devices.size());
       return GpuEvaluator::Create(ref, go);
     };
     auto facts_of = [](GpuEvaluator* ev) {
