@@ -7,9 +7,13 @@
 //    modification, and guard regions around outputs;
 //  - the sandboxed worker process (ks-worker serve) that runs candidates. A crash
 //    or hang ends only the worker, which is restarted for the next candidate.
-// Every run of a candidate is prepared identically (globals restored, scratch
-// refilled, outputs poisoned, L2 flushed), timed with device events and verified
-// here, so a candidate cannot behave differently when timed.
+// Every checked or timed run of a candidate is prepared identically (globals
+// restored, scratch refilled, outputs poisoned, L2 flushed), timed with device
+// events and verified here, so a candidate cannot behave differently when
+// timed. Warm-up runs (adaptive timing) are prepared the same way but for the
+// flush and the pad, run back to back in one worker request, and checked
+// together after the last: its outputs, every input set, guards, globals,
+// scratch. Nothing a warm-up run could leave behind survives into a timed run.
 //
 // Every place a kernel can write, and how it is reset or verified between runs
 // (a run keeping state is how cached answers and call counters work):
@@ -41,8 +45,8 @@
 //  - reading other input sets' buffers (they share the arena) cannot be
 //    prevented without one allocation per set; it cannot reveal a reference
 //    output (those live only in this process), only other inputs;
-//  - a race that never shows within the runs made (at least one per set, and
-//    every warm-up and timed run) passes, as it would in PyTorch.
+//  - a race that never shows within the runs checked (at least one per set,
+//    the last warm-up run and every timed run) passes, as it would in PyTorch.
 //
 // Not thread-safe: one caller at a time (GPU work is serialized per GPU);
 // EvaluateBatch compiles in parallel internally.
