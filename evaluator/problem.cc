@@ -407,6 +407,9 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   if (j.contains("warnings") && j["warnings"].is_array())
     for (const auto& w : j["warnings"])
       if (w.is_string()) d.warnings.push_back(w.get<std::string>());
+  if (j.contains("notes") && j["notes"].is_array())
+    for (const auto& n : j["notes"])
+      if (n.is_string()) d.notes.push_back(n.get<std::string>());
   if (j.contains("phases") && j["phases"].is_array())
     for (const auto& ph : j["phases"])
       if (ph.is_array() && ph.size() == 2 && ph[0].is_string() && ph[1].is_number())

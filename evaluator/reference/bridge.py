@@ -62,6 +62,20 @@ DEFAULT_TOLERANCE = {
     "float32": (1e-4, 1e-4),
 }
 
+# PyTorch's own rounding error (the reference in float32 against the same model
+# run in float64, input set 0) widens a float32 output's tolerance: a candidate
+# may be at most ROUNDING_FACTOR times as inaccurate as PyTorch itself (a sum
+# over 8192 cancelling terms differs by ~1e-4 between two honest summation
+# orders). Beyond MAX_ROUNDING_REL_NORM the float64 run is not measuring
+# rounding (a data-dependent branch, a problem that needs its own TOLERANCE)
+# and nothing is widened. The same constants and rule as
+# Signature::ToleranceFor(const TensorSpec&) in evaluator/signature.cc.
+ROUNDING_FACTOR = 16.0
+MAX_ROUNDING_REL_NORM = 1e-3
+# The float64 run is skipped when it would take longer than this (seconds;
+# $KS_FP64_CHECK_MAX_S): a first evaluation has a budget of its own.
+FP64_CHECK_MAX_S = 3.0
+
 # Reductions over huge outputs go chunk by chunk so that a 4 GiB output does
 # not need 4 GiB of temporaries on top of itself.
 CHUNK_ELEMENTS = 1 << 24
@@ -591,11 +605,14 @@ def store_tensor(t, path):
     return digest
 
 
-def _tolerance_for(problem, dtype):
+def _tolerance_for(problem, dtype, rounding=None):
+    """(atol, rtol) of an output; `rounding` ({"rms", "rel_norm"}, float32
+    outputs only) widens atol as the evaluator does."""
     tol = problem.tolerance
-    if tol is not None:
-        return tol["atol"], tol["rtol"]
-    return DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = (tol["atol"], tol["rtol"]) if tol is not None else DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    if rounding and dtype == "float32" and rounding["rel_norm"] <= MAX_ROUNDING_REL_NORM:
+        atol += ROUNDING_FACTOR * rounding["rms"]
+    return atol, rtol
 
 
 def output_stats(t, atol, rtol):
@@ -746,8 +763,9 @@ def _restore_state(model, snapshot):
             v.copy_(snapshot[k])
 
 
-def _outputs_agree(a, b, problem):
-    """Whether two runs' outputs are the same within the evaluator's tolerance."""
+def _outputs_agree(a, b, problem, rounding=None):
+    """Whether two runs' outputs are the same within the evaluator's tolerance
+    (`rounding`: measure_rounding's errors by output name)."""
     import torch
     for (name, x), (_, y) in zip(a, b):
         if x.shape != y.shape or x.dtype != y.dtype:
@@ -756,7 +774,7 @@ def _outputs_agree(a, b, problem):
             if not torch.equal(x, y):
                 return False
             continue
-        atol, rtol = _tolerance_for(problem, _dtype_name(x))
+        atol, rtol = _tolerance_for(problem, _dtype_name(x), (rounding or {}).get(name))
         fx, fy = x.reshape(-1), y.reshape(-1)
         for i in range(0, fx.numel(), CHUNK_ELEMENTS):
             cx, cy = fx[i:i + CHUNK_ELEMENTS].double(), fy[i:i + CHUNK_ELEMENTS].double()
@@ -765,27 +783,34 @@ def _outputs_agree(a, b, problem):
     return True
 
 
-def check_deterministic(problem, model, snapshot, set_seed, device, first):
+def check_deterministic(problem, model, snapshot, set_seed, device, first, rounding=None):
     """Refuses a problem whose reference differs between two runs of the same
     input set: no kernel can be judged against it.
 
     The second run starts from the same parameters and buffers with a
     different random seed; when a third run with the first run's seed agrees
     again, forward draws random numbers (Dropout in training mode,
-    torch.rand inside forward), and the message says so.
+    torch.rand inside forward), and the message says so. Returns the wall
+    seconds of the second run's forward (warm: no first-call setup).
     """
+    import time
+    forward_s = []
+
     def run(rng_seed):
         _restore_state(model, snapshot)
         inputs = problem.inputs(set_seed, device)
         _seed_everything(rng_seed)
-        return problem.forward(model, inputs)
+        t0 = time.monotonic()
+        out = problem.forward(model, inputs)  # synchronizes
+        forward_s.append(time.monotonic() - t0)
+        return out
 
     second = run(set_seed + 7919)
-    if _outputs_agree(first, second, problem):
-        return
+    if _outputs_agree(first, second, problem, rounding):
+        return forward_s[0]
     third = run(set_seed + 1000003)
     del second
-    same_seed_agrees = _outputs_agree(third, run(set_seed + 1000003), problem)
+    same_seed_agrees = _outputs_agree(third, run(set_seed + 1000003), problem, rounding)
     if same_seed_agrees:
         import torch
         dropouts = [n or type(m).__name__ for n, m in model.named_modules()
@@ -800,6 +825,171 @@ def check_deterministic(problem, model, snapshot, set_seed, device, first):
     raise problem.fail("nondeterministic", "the reference is not deterministic: two runs on the same input set "
                        "differ beyond the tolerance; %s. No kernel can be judged against it: make forward "
                        "deterministic (e.g. model.eval(), or draw the randomness in get_inputs())" % cause)
+
+
+def _float64_copy(model):
+    """A copy of model with its float parameters and buffers in float64 (the
+    model itself is left as it is). Its tensors are converted one by one, not
+    cloned first, so the copy costs the float64 bytes alone."""
+    import copy
+    import torch
+    memo = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in memo:
+            continue
+        d = t.detach().to(torch.float64) if t.dtype in (torch.float32, torch.float16, torch.bfloat16) \
+            else t.detach().clone()
+        memo[id(t)] = torch.nn.Parameter(d, requires_grad=False) if isinstance(t, torch.nn.Parameter) else d
+    return copy.deepcopy(model, memo)
+
+
+def _float64_speed_ratio(device):
+    """How many times longer float64 work takes than float32 here, at least 2
+    (twice the bytes): a 1024^3 matmul of each, timed after one warm-up."""
+    import time
+    import torch
+    if device.type != "cuda":
+        return 2.0
+    times = []
+    for dtype in (torch.float32, torch.float64):
+        a = torch.ones(1024, 1024, device=device, dtype=dtype)
+        torch.matmul(a, a)
+        torch.cuda.synchronize(device)
+        t0 = time.monotonic()
+        for _ in range(3):
+            torch.matmul(a, a)
+        torch.cuda.synchronize(device)
+        times.append(time.monotonic() - t0)
+        del a
+    return max(2.0, times[1] / max(times[0], 1e-9))
+
+
+def _float_bytes64(tensors):
+    """Bytes of the float tensors among `tensors` once converted to float64."""
+    import torch
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    return sum(t.numel() * 8 for t in tensors if isinstance(t, torch.Tensor) and t.dtype in floats)
+
+
+def _float64_fits(need, device):
+    """(fits, available): whether `need` bytes fit in 80% of what this
+    process's GPU allocator can still get."""
+    import torch
+    if device.type != "cuda":
+        return True, 0
+    try:
+        free, _ = torch.cuda.mem_get_info(device)
+    except Exception:  # noqa: BLE001 - old torch: assume nothing is free
+        return False, 0
+    available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return need <= 0.8 * available, available
+
+
+def _forward_float64(problem, model, set_seed, device):
+    """forward of a float64 copy of model on input set `set_seed` converted to
+    float64 (integer inputs and scalars unchanged). Its own frame holds the
+    copies, so they are freed when it returns or raises."""
+    import torch
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    model64 = _float64_copy(model)
+    inputs = problem.inputs(set_seed, device)
+    for i, v in enumerate(inputs):
+        if isinstance(v, torch.Tensor) and v.dtype in floats:
+            inputs[i] = v.to(torch.float64)
+            del v
+    _seed_everything(set_seed)
+    with torch.no_grad():
+        result = model64(*inputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return problem._outputs(result)
+
+
+def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes):
+    """PyTorch's own rounding error for each float32 output of one input set:
+    the same model and inputs in float64, compared with the float32 outputs.
+
+    `inputs` are the set's (for their sizes), `forward_s` the float32
+    forward's wall time and `peak_forward_bytes` what it allocated on the GPU.
+    Returns ({name: {"rms": RMS of ref32 - ref64, "rel_norm": ||ref32 -
+    ref64|| / ||ref64||}}, note): the note (or None) says why the run was
+    skipped or an output left out. Skipped when no output is float32, when
+    forward fails in float64 (an op without float64 support, a dtype check),
+    when it would take longer than FP64_CHECK_MAX_S (from the float32
+    forward's time and the device's float64 speed) or not fit in GPU memory.
+    Nothing of the float32 model or its outputs changes.
+    """
+    import torch
+    names = [name for name, t in outputs if t.dtype == torch.float32]
+    if not names:
+        return {}, None
+    what = "the float64 run that measures PyTorch's own float32 rounding"
+    keep = "float32 outputs keep the default tolerance"
+    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    ratio = _float64_speed_ratio(device)
+    if forward_s * ratio > limit:
+        return {}, ("%s was skipped: it would take about %.1f s (float32 forward %.2f s, float64 %.0fx slower on "
+                    "this device; limit %.1f s, $KS_FP64_CHECK_MAX_S); %s"
+                    % (what, forward_s * ratio, forward_s, ratio, limit, keep))
+    # The float parameters and inputs again in float64, and forward's own allocations twice over.
+    need = _float_bytes64(list(model.parameters()) + list(model.buffers()) + list(inputs)) + 2 * peak_forward_bytes
+    fits, available = _float64_fits(need, device)
+    if not fits:
+        return {}, ("%s was skipped: it needs about %s of GPU memory and %s is available; %s"
+                    % (what, _human(need), _human(available), keep))
+    oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    errors, left_out, note = {}, [], None
+    try:
+        result = _forward_float64(problem, model, set_seed, device)
+        if len(result) != len(outputs):
+            raise ValueError("forward returns %d outputs in float64, %d in float32" % (len(result), len(outputs)))
+        for (name, t32), (_, t64) in zip(outputs, result):
+            if name not in names:
+                continue
+            if t64.dtype != torch.float64 or t64.shape != t32.shape:
+                left_out.append(name)
+                continue
+            errors[name] = _rounding_error(t32, t64)
+        del result
+    except oom:
+        errors, note = {}, "%s ran out of GPU memory; %s" % (what, keep)
+    except Exception as e:  # noqa: BLE001 - any failure in float64 means "not measured"
+        errors, note = {}, "%s failed (%s: %s); %s" % (what, type(e).__name__, _first_line(e, 200), keep)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the float64 copies, before the next input sets
+    if left_out:
+        note = ("%s gave no float64 result of the same shape for %s (does forward cast to float32?); %s"
+                % (what, ", ".join("'%s'" % n for n in left_out), "it keeps the default tolerance"
+                   if len(left_out) == 1 else "they keep the default tolerance"))
+    for name, e in errors.items():
+        if e["rel_norm"] > MAX_ROUNDING_REL_NORM:
+            extra = ("output '%s': the float32 and float64 references differ by %.3g (relative norm), more than "
+                     "float32 rounding explains (%g): its tolerance is not widened (a problem this ill-conditioned "
+                     "needs a TOLERANCE of its own)" % (name, e["rel_norm"], MAX_ROUNDING_REL_NORM))
+            note = extra if note is None else note + "; " + extra
+    return errors, note
+
+
+def _rounding_error(t32, t64):
+    """{"rms", "rel_norm"} of t32 - t64 over the elements finite in both (chunked)."""
+    import torch
+    a, b = t32.detach().reshape(-1), t64.detach().reshape(-1)
+    ssd = ssr = 0.0
+    count = 0
+    for i in range(0, a.numel(), CHUNK_ELEMENTS):
+        x, y = a[i:i + CHUNK_ELEMENTS].to(torch.float64), b[i:i + CHUNK_ELEMENTS]
+        finite = torch.isfinite(x) & torch.isfinite(y)
+        if not bool(finite.all()):
+            x, y = x[finite], y[finite]
+        d = x - y
+        ssd += float((d * d).sum())
+        ssr += float((y * y).sum())
+        count += x.numel()
+        del x, y, d, finite
+    rms = math.sqrt(ssd / count) if count else 0.0
+    # A float64 reference of zeros that float32 misses: as far from rounding as it gets.
+    rel = math.sqrt(ssd / ssr) if ssr > 0 else (0.0 if ssd == 0 else 1.0)
+    return {"rms": rms, "rel_norm": rel}
 
 
 def _with_scalars(problem, specs, tensors):
@@ -994,11 +1184,21 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
 
         _restore_state(model, snapshot)
         _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
+        if i == 0 and device.type == "cuda":
+            allocated = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         outputs = problem.forward(model, inputs)
         phase("forward")
         if i == 0:
-            check_deterministic(problem, model, snapshot, set_seed, device, outputs)
+            peak_forward = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else 0
+            forward_s = check_deterministic(problem, model, snapshot, set_seed, device, outputs)
             phase("determinism check")
+            _restore_state(model, snapshot)
+            rounding, note = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s,
+                                              peak_forward)
+            if note:
+                notes.add_plain(note)
+            phase("float64 rounding check")
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -1007,7 +1207,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
                                "%d and %d" % (seed + 1, set_seed))
         ohashes = []
         for (name, t), spec in zip(outputs, ospecs):
-            atol, rtol = _tolerance_for(problem, spec["dtype"])
+            atol, rtol = _tolerance_for(problem, spec["dtype"], rounding.get(name))
             st = output_stats(t, atol, rtol)
             for key, msg in degenerate_reasons(name, st, atol, rtol):
                 warnings.add((name, key), msg, i)
@@ -1084,7 +1284,9 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         phase("export (CUDA IPC)")
 
     manifest = {
-        "signature": make_signature(problem, sig_inputs, params, sig_outputs),
+        "signature": dict(make_signature(problem, sig_inputs, params, sig_outputs),
+                          # PyTorch's own float32 rounding by output (measure_rounding): widens its tolerance.
+                          reference_error=rounding),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "sets": manifest_sets,
