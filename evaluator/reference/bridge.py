@@ -19,7 +19,17 @@ problem prints goes to stderr so it cannot corrupt that object):
       manifest's sets name each tensor's CUDA IPC handle, offset and size, for
       the evaluator to map (a multi-GB problem needs no disk and no copy
       through the host). After printing the manifest the bridge holds the
-      tensors until its stdin is closed, then exits.
+      tensors until its stdin is closed, then exits. With
+      --resident-min-bytes N, a problem whose sets hold fewer bytes is not
+      kept: the answer is {"resident": false, "signature": ...}.
+  reference PROBLEM.py [--resident ...] --then-files --sets K --seed S [--device D]
+      one process for a reference that goes to files: after shape inference
+      the bridge prints {"resident": false, "signature": ...} (unless it
+      keeps the problem on the GPU, as above), reads one line
+      {"out": DIR, "sets": K, "time": bool} from stdin (the caller has sized
+      and made room for the cache entry meanwhile), writes DIR as
+      reference --out does and prints the manifest. EOF instead of the line
+      ends it quietly.
   check PROBLEM.py [--sets K] [--seed S] [--device D]
       {"warnings": [...]}: outputs that would let a wrong kernel pass.
   peaks [--index I] [--n N] [--runs R]
@@ -1312,6 +1322,7 @@ def write_manifest(out_dir, manifest):
 
 
 _RESIDENT = None  # reference --resident: what the evaluator maps, alive until stdin closes
+_ANSWER = [None]  # the caller's stdout (main): JSON lines only
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "int8": 1,
@@ -1364,20 +1375,53 @@ def fit_resident(sig, asked, budget):
     return sets, why
 
 
+def _answer_line(obj):
+    """One JSON line on the caller's stdout, before the final answer (main's emit)."""
+    _ANSWER[0].write(json.dumps(obj, allow_nan=False) + "\n")
+    _ANSWER[0].flush()
+
+
+def _files_request():
+    """reference --then-files: the caller's one-line request on stdin after
+    the signature: {"out": DIR, "sets": K, "time": bool}, or None when it
+    closed stdin (it found what it needed elsewhere, or gave up)."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    try:
+        req = json.loads(line)
+        return str(req["out"]), int(req["sets"]), bool(req.get("time", False))
+    except (ValueError, KeyError, TypeError) as e:
+        raise BridgeError("bad_arguments", "bridge.py: bad request after the signature: %s: %r" % (e, line[:200]))
+
+
 def cmd_reference(problem, args):
     global _RESIDENT
-    if args.resident:
+    if args.resident or args.then_files:
         if args.out:
-            raise BridgeError("bad_arguments", "reference takes --out DIR or --resident, not both")
+            raise BridgeError("bad_arguments", "reference takes --out DIR, or --resident / --then-files, not both")
         sets, warning = args.sets, None
-        if args.resident_min_bytes is not None or args.device_budget:
+        if args.resident_min_bytes is not None or args.device_budget or args.then_files:
             # The caller has no signature yet: shape inference here, in the
             # process that has torch imported already, decides.
             sig = cmd_signature(problem, args)
             total = _spec_bytes(sig["parameters"]) + args.sets * (_spec_bytes(sig["inputs"]) +
                                                                   _spec_bytes(sig["outputs"]))
-            if args.resident_min_bytes is not None and total < args.resident_min_bytes:
-                return {"resident": False, "signature": sig}
+            if not args.resident or (args.resident_min_bytes is not None and total < args.resident_min_bytes):
+                if not args.then_files:
+                    return {"resident": False, "signature": sig}
+                # Too small to keep on the GPU: the caller sizes the file
+                # cache entry from the signature and asks this process, which
+                # has torch imported already, to write it (one python start,
+                # not two).
+                _answer_line({"resident": False, "signature": sig})
+                req = _files_request()
+                if req is None:
+                    return None
+                out, sets, do_time = req
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time)
+                write_manifest(out, manifest)
+                return manifest
             sets, why = fit_resident(sig, args.sets, args.device_budget)
             if sets < min(args.sets, 2):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
@@ -1390,7 +1434,7 @@ def cmd_reference(problem, args):
             manifest["warnings"].insert(0, warning)
         return manifest
     if not args.out:
-        raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident)")
+        raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident / --then-files)")
     manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
     write_manifest(args.out, manifest)
     return manifest
@@ -1452,6 +1496,7 @@ def _parser():
             s.add_argument("--out")
             s.add_argument("--time", action="store_true")
             s.add_argument("--resident", action="store_true")
+            s.add_argument("--then-files", action="store_true")
             s.add_argument("--resident-min-bytes", type=int, default=None)
             s.add_argument("--device-budget", type=int, default=0)
     s = sub.add_parser("peaks")
@@ -1465,6 +1510,7 @@ def main(argv):
     # The JSON answer goes to the original stdout; everything else (the problem's
     # prints, torch's warnings, C extensions writing to fd 1) goes to stderr.
     answer = os.fdopen(os.dup(1), "w")
+    _ANSWER[0] = answer
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing.py
@@ -1493,6 +1539,8 @@ def main(argv):
         problem = Problem(args.problem).load()
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check}[args.command](
             problem, args)
+        if result is None:  # the caller closed stdin instead of asking for more
+            return 0
         code = emit(result, 0)
         hold_resident()
         return code
