@@ -246,13 +246,29 @@ class Problem:
         return list(args)
 
     def build_model(self, seed, device):
+        import contextlib
         import torch
         _seed_everything(seed)
         args = self.init_inputs()
+        # Weights are drawn where they will live, as inputs are (_creating_on):
+        # a 4 GiB nn.Linear initialises in milliseconds on a GPU, in seconds on
+        # the CPU. A constructor that cannot run there (it calls .numpy() on a
+        # tensor, say) is built on the CPU, from the same seed, and moved.
+        where = _creating_on(device)
         try:
-            model = self.module.Model(*args)
+            with where:
+                model = self.module.Model(*args)
         except Exception as e:  # noqa: BLE001
-            raise self.error("init_error", "Model(*get_init_inputs())", e)
+            if isinstance(where, contextlib.nullcontext):
+                raise self.error("init_error", "Model(*get_init_inputs())", e)
+            model = None
+        if model is None:
+            _seed_everything(seed)
+            args = self.init_inputs()
+            try:
+                model = self.module.Model(*args)
+            except Exception as e:  # noqa: BLE001
+                raise self.error("init_error", "Model(*get_init_inputs())", e)
         if device is not None:
             try:
                 model = model.to(device)
@@ -338,7 +354,7 @@ class Problem:
 
 
 def _creating_on(device):
-    """Where get_inputs() creates its tensors: on a GPU with torch >= 2, on the
+    """Where get_inputs() and Model() create their tensors: on a GPU with torch >= 2, on the
     GPU itself (torch.device as a context manager), so that gigabytes of
     torch.rand are drawn there in milliseconds instead of on the CPU in tens of
     seconds and then copied. Elsewhere (CPU, torch 1.13): where the problem puts
