@@ -30,6 +30,11 @@ problem prints goes to stderr so it cannot corrupt that object):
       and made room for the cache entry meanwhile), writes DIR as
       reference --out does and prints the manifest. EOF instead of the line
       ends it quietly.
+      With --time (timing on a GPU to come), torch.compile's first
+      compilation starts at once in a helper (warm-compile, below).
+  warm-compile PROBLEM.py [--seed S] [--device cuda]
+      torch.compile(model) called once on input set 0, to fill inductor's and
+      Triton's on-disk caches while the reference is computed (CompileWarmup).
   check PROBLEM.py [--sets K] [--seed S] [--device D]
       {"warnings": [...]}: outputs that would let a wrong kernel pass.
   peaks [--index I] [--n N] [--runs R]
@@ -1110,12 +1115,13 @@ def _same_data(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
-def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None):
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, warmup=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
     or keeps them on the GPU when `resident` (a _Resident) is given.
 
     Returns the manifest dict (without "files" when out_dir is None; with "ipc"
-    per set when resident).
+    per set when resident). `warmup` (a CompileWarmup) is awaited before any
+    timing: the GPU is this process's alone while it measures.
     """
     import torch
     if sets < 1:
@@ -1283,6 +1289,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
         _restore_state(model, snapshot)
         phase("writing files")
+        if warmup is not None:
+            note = warmup.wait()
+            if note:
+                notes.add_plain(note)
+            phase("waiting for the torch.compile warm-up (helper process)")
         if resident is not None:
             # The kept inputs themselves, with the scalars in their places.
             timing_sets = [_with_scalars(problem, sig_inputs, t) for t in timing_sets if t is not None]
@@ -1391,6 +1402,96 @@ def fit_resident(sig, asked, budget):
     return sets, why
 
 
+class CompileWarmup:
+    """torch.compile's first compilation, done ahead in a helper process
+    (bridge.py warm-compile) while this one computes the reference.
+
+    torch.compile's first call costs 10-15 s (dynamo, inductor, Triton),
+    most of it written to inductor's and Triton's on-disk caches. The helper
+    compiles the same model on inputs of the same shapes, on the CPU mostly,
+    while this process builds the model, runs the input sets and writes them;
+    the torch.compile timing here then starts from warm caches. What is timed
+    does not change (timing.py: warm-up calls are never measured); this
+    process waits for the helper before timing anything, so the GPU is its
+    own while it measures. The helper dies with this process.
+    """
+
+    def __init__(self, proc):
+        self._proc = proc
+        self._started = __import__("time").monotonic()
+
+    @staticmethod
+    def start(problem, sig, seed, sets, device):
+        """A running helper, or None where it would not help or not fit:
+        torch without compile, $KS_NO_COMPILE_WARMUP set, or the helper's
+        copy of the model and one input set above half of the GPU memory
+        this process leaves free."""
+        import subprocess
+        import torch
+        if device.type != "cuda" or not hasattr(torch, "compile") or os.environ.get("KS_NO_COMPILE_WARMUP"):
+            return None
+        par, inp, out = _spec_bytes(sig["parameters"]), _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"])
+        try:
+            free, _ = torch.cuda.mem_get_info(device)
+        except Exception:  # noqa: BLE001
+            return None
+        # This process: the model and its snapshot, every set, the float64 check.
+        mine = 4 * par + 3 * sets * (inp + out)
+        if par + inp + 2 * out > 0.5 * (0.9 * free - mine):
+            return None
+
+        def die_with_parent():
+            import ctypes
+            try:
+                ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+            except Exception:  # noqa: BLE001
+                pass
+
+        try:
+            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "warm-compile", problem.path,
+                                     "--seed", str(seed), "--device", "cuda"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    preexec_fn=die_with_parent)
+        except OSError:
+            return None
+        return CompileWarmup(proc)
+
+    def wait(self, timeout_s=300):
+        """Waits for the helper; returns a note when it did not finish well (None when it did)."""
+        import subprocess
+        import time
+        try:
+            _, err = self._proc.communicate(timeout=max(1, timeout_s - (time.monotonic() - self._started)))
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.communicate()
+            return "the torch.compile warm-up did not finish in %d s; torch.compile timing compiled cold" % timeout_s
+        if self._proc.returncode != 0:
+            tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or [""]
+            return "the torch.compile warm-up failed (exit %d: %s); torch.compile timing compiled cold" % (
+                self._proc.returncode, tail[0][:200])
+        return None
+
+    def cancel(self):
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.communicate()
+
+
+def cmd_warm_compile(problem, args):
+    """The helper of CompileWarmup: torch.compile(model) called once on input
+    set 0, as the timing will call it (no_grad, PyTorch's TF32 defaults)."""
+    import torch
+    device = resolve_device(problem, args.device)
+    model = problem.build_model(args.seed, device)
+    inputs = problem.inputs(args.seed + 1, device)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        compiled(*inputs)
+    torch.cuda.synchronize(device)
+    return {"warm": True}
+
+
 def _answer_line(obj):
     """One JSON line on the caller's stdout, before the final answer (main's emit)."""
     _ANSWER[0].write(json.dumps(obj, allow_nan=False) + "\n")
@@ -1416,16 +1517,19 @@ def cmd_reference(problem, args):
     if args.resident or args.then_files:
         if args.out:
             raise BridgeError("bad_arguments", "reference takes --out DIR, or --resident / --then-files, not both")
-        sets, warning = args.sets, None
+        sets, warning, warmup = args.sets, None, None
         if args.resident_min_bytes is not None or args.device_budget or args.then_files:
             # The caller has no signature yet: shape inference here, in the
             # process that has torch imported already, decides.
             sig = cmd_signature(problem, args)
             total = _spec_bytes(sig["parameters"]) + args.sets * (_spec_bytes(sig["inputs"]) +
                                                                   _spec_bytes(sig["outputs"]))
-            if not args.resident or (args.resident_min_bytes is not None and total < args.resident_min_bytes):
-                if not args.then_files:
-                    return {"resident": False, "signature": sig}
+            stays = args.resident and (args.resident_min_bytes is None or total >= args.resident_min_bytes)
+            if not stays and not args.then_files:
+                return {"resident": False, "signature": sig}
+            if args.time:
+                warmup = CompileWarmup.start(problem, sig, args.seed, args.sets, resolve_device(problem, args.device))
+            if not stays:
                 # Too small to keep on the GPU: the caller sizes the file
                 # cache entry from the signature and asks this process, which
                 # has torch imported already, to write it (one python start,
@@ -1435,7 +1539,10 @@ def cmd_reference(problem, args):
                 if req is None:
                     return None
                 out, sets, do_time = req
-                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time)
+                if not do_time and warmup is not None:
+                    warmup.cancel()
+                    warmup = None
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, warmup=warmup)
                 write_manifest(out, manifest)
                 return manifest
             sets, why = fit_resident(sig, args.sets, args.device_budget)
@@ -1444,7 +1551,8 @@ def cmd_reference(problem, args):
             if sets < args.sets:
                 warning = "using %d of the %d input sets asked for: %s" % (sets, args.sets, why)
         _RESIDENT = _Resident()
-        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT)
+        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
+                                 warmup=warmup)
         manifest["resident"] = True
         if warning:
             manifest["warnings"].insert(0, warning)
@@ -1502,7 +1610,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser():
     p = _Parser(prog="bridge.py", description="kernelsearch reference bridge")
     sub = p.add_subparsers(dest="command")
-    for name in ("signature", "reference", "check"):
+    for name in ("signature", "reference", "check", "warm-compile"):
         s = sub.add_parser(name)
         s.add_argument("problem")
         s.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -1553,7 +1661,8 @@ def main(argv):
         if args.command == "peaks":
             return emit(cmd_peaks(args), 0)
         problem = Problem(args.problem).load()
-        result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check}[args.command](
+        result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check,
+                  "warm-compile": cmd_warm_compile}[args.command](
             problem, args)
         if result is None:  # the caller closed stdin instead of asking for more
             return 0

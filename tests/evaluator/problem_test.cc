@@ -119,6 +119,32 @@ TEST(PythonTest, ResolvedInterpreterImportsTorch) {
   EXPECT_EQ(again->python, r->python);
 }
 
+// probe.py --quick (the cache key's facts without importing torch) agrees
+// with the probe that imports torch: the same device, CUDA or not, and the
+// same torch release.
+TEST(PythonTest, QuickProbeAgreesWithTorch) {
+  REQUIRE_TORCH();
+  auto full = ResolvePython();
+  ASSERT_TRUE(full.ok());
+  auto script = FindDataFile("reference/probe.py");
+  ASSERT_TRUE(script.ok());
+  SubprocessOptions o;
+  o.argv = {full->python, *script, "--quick"};
+  auto r = RunSubprocess(o);
+  ASSERT_TRUE(r.ok() && r->Succeeded()) << (r.ok() ? r->err : r.status().message());
+  nlohmann::json j = nlohmann::json::parse(r->out);
+  EXPECT_EQ(j.value("cuda", !full->cuda), full->cuda);
+  EXPECT_EQ(j.value("device", ""), full->device);
+  const std::string quick_version = j.value("torch", "");
+  // "2.11.0+cu128" both ways from a wheel; a distribution's build may add a local tag ("1.13.0a0+gitunknown").
+  const std::string release = full->torch_version.substr(0, full->torch_version.find('+'));
+  EXPECT_EQ(quick_version.substr(0, quick_version.find('+')), release);
+  o.argv = {"/bin/false", *script, "--quick"};
+  auto none = RunSubprocess(o);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->Succeeded());
+}
+
 // ---- Signatures ---------------------------------------------------------------------
 
 TEST(SignatureTest, MatmulWithMetadata) {

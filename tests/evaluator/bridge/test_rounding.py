@@ -122,3 +122,17 @@ def test_reference_manifest_carries_it(tmp_path):
     err = manifest["signature"]["reference_error"]["out"]
     assert err["rms"] > 0 and 0 < err["rel_norm"] < bridge.MAX_ROUNDING_REL_NORM
     assert "float64 rounding check" in dict(manifest["phases"])
+
+
+def test_compile_warmup_is_for_gpus_and_a_failed_one_is_a_note():
+    import subprocess
+    problem = load("matmul.py")
+    sig = bridge.cmd_signature(problem, type("A", (), {"seed": 42, "device": "cpu"})())
+    assert bridge.CompileWarmup.start(problem, sig, 42, 3, CPU) is None
+    if hasattr(torch, "compile"):
+        pytest.skip("this torch compiles: the failure path needs one without torch.compile")
+    proc = subprocess.Popen([sys.executable, bridge.__file__, "warm-compile", str(FIXTURES / "matmul.py"),
+                             "--device", "cpu"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    note = bridge.CompileWarmup(proc).wait(120)
+    assert note is not None and "warm-up failed" in note
