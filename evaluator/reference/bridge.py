@@ -30,11 +30,12 @@ problem prints goes to stderr so it cannot corrupt that object):
       and made room for the cache entry meanwhile), writes DIR as
       reference --out does and prints the manifest. EOF instead of the line
       ends it quietly.
-      With --time (timing on a GPU to come), torch.compile's first
-      compilation starts at once in a helper (warm-compile, below).
-  warm-compile PROBLEM.py [--seed S] [--device cuda]
-      torch.compile(model) called once on input set 0, to fill inductor's and
-      Triton's on-disk caches while the reference is computed (CompileWarmup).
+      With --time and --device cuda, torch.compile's timing is done by a
+      helper started at once (time-compiled, below).
+  time-compiled PROBLEM.py --seed S --sets K --device cuda
+      the helper of CompileHelper: compiles torch.compile(model) while the
+      reference is computed, prints {"compiled": true}, waits for a line on
+      stdin, then times the compiled model (timing.py) and prints the figures.
   check PROBLEM.py [--sets K] [--seed S] [--device D]
       {"warnings": [...]}: outputs that would let a wrong kernel pass.
   peaks [--index I] [--n N] [--runs R]
@@ -1115,13 +1116,13 @@ def _same_data(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
-def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, warmup=None):
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
     or keeps them on the GPU when `resident` (a _Resident) is given.
 
     Returns the manifest dict (without "files" when out_dir is None; with "ipc"
-    per set when resident). `warmup` (a CompileWarmup) is awaited before any
-    timing: the GPU is this process's alone while it measures.
+    per set when resident). torch.compile is timed by the CompileHelper
+    when one runs (reference --time), else here.
     """
     import torch
     if sets < 1:
@@ -1289,15 +1290,27 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
         _restore_state(model, snapshot)
         phase("writing files")
-        if warmup is not None:
-            note = warmup.wait()
+        helper = _COMPILE_HELPER[0]
+        ready = False
+        if helper is not None:
+            ready, note = helper.wait_compiled()
             if note:
                 notes.add_plain(note)
-            phase("waiting for the torch.compile warm-up (helper process)")
+            phase("waiting for torch.compile in the helper process")
         if resident is not None:
             # The kept inputs themselves, with the scalars in their places.
             timing_sets = [_with_scalars(problem, sig_inputs, t) for t in timing_sets if t is not None]
-        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, compile_model=not ready,
+                                                                phases=phases)
+        if ready:
+            # The helper measures while this process waits: the GPU is one
+            # process's at a time whenever something is timed.
+            t0 = time.monotonic()
+            compiled, note = helper.time_compiled()
+            phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
+            if note:  # it failed after compiling: timed here, as without a helper
+                notes.add_plain(note)
+                eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
         clock[0] = time.monotonic()
         timing = {"eager": eager, "compiled": compiled}
         for w in timing_warnings:
@@ -1402,42 +1415,35 @@ def fit_resident(sig, asked, budget):
     return sets, why
 
 
-class CompileWarmup:
-    """torch.compile's first compilation, done ahead in a helper process
-    (bridge.py warm-compile) while this one computes the reference.
+_COMPILE_HELPER = [None]  # reference --time on a GPU: the CompileHelper, started by main before torch loads
 
-    torch.compile's first call costs 10-15 s (dynamo, inductor, Triton),
-    most of it written to inductor's and Triton's on-disk caches. The helper
-    compiles the same model on inputs of the same shapes, on the CPU mostly,
-    while this process builds the model, runs the input sets and writes them;
-    the torch.compile timing here then starts from warm caches. What is timed
-    does not change (timing.py: warm-up calls are never measured); this
-    process waits for the helper before timing anything, so the GPU is its
-    own while it measures. The helper dies with this process.
+
+class CompileHelper:
+    """torch.compile timed by a helper process that compiles while this one
+    computes the reference.
+
+    torch.compile's first call costs 10-20 s (dynamo, inductor, Triton), on
+    the CPU mostly. The helper (bridge.py time-compiled) starts with this
+    process, imports torch alongside it, builds the same model from the same
+    seed on the same device and the timing input sets from the same seeds,
+    and compiles torch.compile(model) with one call, while this process
+    computes and writes the reference. Then the timings are taken one process
+    at a time, so that nothing else runs on the GPU while either measures:
+    this process waits for the helper's "compiled", times eager, and waits
+    while the helper times the compiled model by timing.py's method (the same
+    Timer.measure, warm-up included; compilation was never inside a measured
+    call). Where the helper skips (too little GPU memory beside the
+    reference, no torch.compile) or fails, this process compiles and times as
+    it would without it. The helper dies with this process.
     """
 
     def __init__(self, proc):
         self._proc = proc
-        self._started = __import__("time").monotonic()
 
     @staticmethod
-    def start(problem, sig, seed, sets, device):
-        """A running helper, or None where it would not help or not fit:
-        torch without compile, $KS_NO_COMPILE_WARMUP set, or the helper's
-        copy of the model and one input set above half of the GPU memory
-        this process leaves free."""
+    def start(args):
         import subprocess
-        import torch
-        if device.type != "cuda" or not hasattr(torch, "compile") or os.environ.get("KS_NO_COMPILE_WARMUP"):
-            return None
-        par, inp, out = _spec_bytes(sig["parameters"]), _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"])
-        try:
-            free, _ = torch.cuda.mem_get_info(device)
-        except Exception:  # noqa: BLE001
-            return None
-        # This process: the model and its snapshot, every set, the float64 check.
-        mine = 4 * par + 3 * sets * (inp + out)
-        if par + inp + 2 * out > 0.5 * (0.9 * free - mine):
+        if os.environ.get("KS_NO_COMPILE_HELPER"):
             return None
 
         def die_with_parent():
@@ -1448,48 +1454,91 @@ class CompileWarmup:
                 pass
 
         try:
-            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "warm-compile", problem.path,
-                                     "--seed", str(seed), "--device", "cuda"],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    preexec_fn=die_with_parent)
+            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "time-compiled", args.problem,
+                                     "--seed", str(args.seed), "--sets", str(args.sets), "--device", "cuda"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         except OSError:
             return None
-        return CompileWarmup(proc)
+        return CompileHelper(proc)
 
-    def wait(self, timeout_s=300):
-        """Waits for the helper; returns a note when it did not finish well (None when it did)."""
-        import subprocess
-        import time
+    def _read(self):
+        line = self._proc.stdout.readline()
         try:
-            _, err = self._proc.communicate(timeout=max(1, timeout_s - (time.monotonic() - self._started)))
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.communicate()
-            return "the torch.compile warm-up did not finish in %d s; torch.compile timing compiled cold" % timeout_s
-        if self._proc.returncode != 0:
-            tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:] or [""]
-            return "the torch.compile warm-up failed (exit %d: %s); torch.compile timing compiled cold" % (
-                self._proc.returncode, tail[0][:200])
-        return None
+            return json.loads(line) if line.strip() else {"skip": "the helper ended without an answer"}
+        except ValueError:
+            return {"skip": "the helper answered %r" % line[:200]}
 
-    def cancel(self):
+    def _give_up(self, why):
         if self._proc.poll() is None:
             self._proc.kill()
-        self._proc.communicate()
+        self._proc.wait()
+        return "torch.compile was timed in this process, not in the helper: %s" % why
+
+    def wait_compiled(self):
+        """(ready, note): waits until the helper has compiled (or given up)."""
+        msg = self._read()
+        if msg.get("compiled") is True:
+            return True, None
+        return False, self._give_up(msg.get("skip") or msg.get("error", {}).get("message") or str(msg)[:300])
+
+    def time_compiled(self):
+        """(stats, note): lets the helper time, waits for its figures."""
+        try:
+            self._proc.stdin.write(b"go\n")
+            self._proc.stdin.flush()
+        except OSError as e:
+            return None, self._give_up("it went away (%s)" % e)
+        msg = self._read()
+        self._proc.wait()
+        if isinstance(msg.get("timing"), dict):
+            return msg["timing"], None
+        return None, self._give_up(msg.get("skip") or msg.get("error", {}).get("message") or str(msg)[:300])
 
 
-def cmd_warm_compile(problem, args):
-    """The helper of CompileWarmup: torch.compile(model) called once on input
-    set 0, as the timing will call it (no_grad, PyTorch's TF32 defaults)."""
+def cmd_time_compiled(problem, args):
+    """The helper of CompileHelper (see there): {"skip": why} when it does
+    not fit beside the reference or torch cannot compile; else
+    {"compiled": true} as an intermediate line, then, after a line on stdin,
+    {"timing": timing.py's figures for torch.compile(model)}."""
     import torch
+    import timing as ks_timing
+    if not hasattr(torch, "compile"):
+        return {"skip": "torch %s has no torch.compile" % torch.__version__}
+    meta = _signature_on_meta(problem, args.seed)
+    if meta is None:
+        return {"skip": "the problem's sizes are not known without running it"}
     device = resolve_device(problem, args.device)
+    model, inputs, result = meta
+    sig = {"inputs": input_specs(problem, model, inputs), "parameters": parameter_specs(problem, model),
+           "outputs": output_specs(problem, problem._outputs(result))}
+    del model, inputs, result
+    par, inp, out = _spec_bytes(sig["parameters"]), _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"])
+    free, _ = torch.cuda.mem_get_info(device)
+    # What the reference process will hold (fit_resident's rule, whichever
+    # path it takes) comes first; the helper takes what is left, with margin.
+    main_sets, _ = fit_resident(sig, args.sets, int(0.9 * free))
+    spare = 0.9 * free - (4 * par + 2 * out + max(main_sets, 1) * (3 * inp + out))
+    k = min(2, args.sets)
+    while k > 1 and par + k * inp + 2 * out > 0.5 * spare:
+        k -= 1
+    if par + k * inp + 2 * out > 0.5 * spare:
+        return {"skip": "its copy of the model and an input set (%s) would not fit beside the reference"
+                % _human(par + k * inp + 2 * out)}
     model = problem.build_model(args.seed, device)
-    inputs = problem.inputs(args.seed + 1, device)
-    compiled = torch.compile(model)
+    sets = [problem.inputs(args.seed + 1 + i, device) for i in range(k)]
+    try:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*sets[0])
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - the reference process compiles again and reports it
+        return {"skip": "torch.compile failed here: %s: %s" % (type(e).__name__, _first_line(e, 200))}
+    _answer_line({"compiled": True})
+    if not sys.stdin.readline().strip():
+        return {"skip": "cancelled"}
     with torch.no_grad():
-        compiled(*inputs)
-    torch.cuda.synchronize(device)
-    return {"warm": True}
+        stats = ks_timing.Timer(device).measure(compiled, sets)
+    return {"timing": stats}
 
 
 def _answer_line(obj):
@@ -1517,7 +1566,7 @@ def cmd_reference(problem, args):
     if args.resident or args.then_files:
         if args.out:
             raise BridgeError("bad_arguments", "reference takes --out DIR, or --resident / --then-files, not both")
-        sets, warning, warmup = args.sets, None, None
+        sets, warning = args.sets, None
         if args.resident_min_bytes is not None or args.device_budget or args.then_files:
             # The caller has no signature yet: shape inference here, in the
             # process that has torch imported already, decides.
@@ -1527,8 +1576,6 @@ def cmd_reference(problem, args):
             stays = args.resident and (args.resident_min_bytes is None or total >= args.resident_min_bytes)
             if not stays and not args.then_files:
                 return {"resident": False, "signature": sig}
-            if args.time:
-                warmup = CompileWarmup.start(problem, sig, args.seed, args.sets, resolve_device(problem, args.device))
             if not stays:
                 # Too small to keep on the GPU: the caller sizes the file
                 # cache entry from the signature and asks this process, which
@@ -1539,10 +1586,7 @@ def cmd_reference(problem, args):
                 if req is None:
                     return None
                 out, sets, do_time = req
-                if not do_time and warmup is not None:
-                    warmup.cancel()
-                    warmup = None
-                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, warmup=warmup)
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time)
                 write_manifest(out, manifest)
                 return manifest
             sets, why = fit_resident(sig, args.sets, args.device_budget)
@@ -1551,8 +1595,7 @@ def cmd_reference(problem, args):
             if sets < args.sets:
                 warning = "using %d of the %d input sets asked for: %s" % (sets, args.sets, why)
         _RESIDENT = _Resident()
-        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
-                                 warmup=warmup)
+        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT)
         manifest["resident"] = True
         if warning:
             manifest["warnings"].insert(0, warning)
@@ -1610,7 +1653,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser():
     p = _Parser(prog="bridge.py", description="kernelsearch reference bridge")
     sub = p.add_subparsers(dest="command")
-    for name in ("signature", "reference", "check", "warm-compile"):
+    for name in ("signature", "reference", "check", "time-compiled"):
         s = sub.add_parser(name)
         s.add_argument("problem")
         s.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -1651,6 +1694,9 @@ def main(argv):
     except _ArgumentError as e:
         return emit({"error": {"kind": "bad_arguments", "message": "bridge.py: %s" % e, "detail": ""}},
                     EXIT_BAD_PROBLEM)
+    if args.command == "reference" and args.time and args.device == "cuda":
+        # Before torch loads here: the helper's own import runs alongside.
+        _COMPILE_HELPER[0] = CompileHelper.start(args)
     try:
         import torch  # noqa: F401 - fail here, clearly, when torch is missing
     except ImportError as e:
@@ -1662,7 +1708,7 @@ def main(argv):
             return emit(cmd_peaks(args), 0)
         problem = Problem(args.problem).load()
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check,
-                  "warm-compile": cmd_warm_compile}[args.command](
+                  "time-compiled": cmd_time_compiled}[args.command](
             problem, args)
         if result is None:  # the caller closed stdin instead of asking for more
             return 0
@@ -1689,4 +1735,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # The answer is out and the files are written: the interpreter's teardown
+    # (CUDA, torch, inductor's compile workers) would only keep the caller waiting.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -124,15 +124,59 @@ def test_reference_manifest_carries_it(tmp_path):
     assert "float64 rounding check" in dict(manifest["phases"])
 
 
-def test_compile_warmup_is_for_gpus_and_a_failed_one_is_a_note():
+def test_compile_helper_that_cannot_compile_says_why_and_the_reference_times_itself():
     import subprocess
-    problem = load("matmul.py")
-    sig = bridge.cmd_signature(problem, type("A", (), {"seed": 42, "device": "cpu"})())
-    assert bridge.CompileWarmup.start(problem, sig, 42, 3, CPU) is None
     if hasattr(torch, "compile"):
-        pytest.skip("this torch compiles: the failure path needs one without torch.compile")
-    proc = subprocess.Popen([sys.executable, bridge.__file__, "warm-compile", str(FIXTURES / "matmul.py"),
-                             "--device", "cpu"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    note = bridge.CompileWarmup(proc).wait(120)
-    assert note is not None and "warm-up failed" in note
+        pytest.skip("this torch compiles: the skip path needs one without torch.compile")
+    proc = subprocess.Popen([sys.executable, bridge.__file__, "time-compiled", str(FIXTURES / "matmul.py"),
+                             "--device", "cpu"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    ready, note = bridge.CompileHelper(proc).wait_compiled()
+    assert not ready
+    assert "timed in this process" in note and "no torch.compile" in note
+    assert proc.returncode is not None
+
+
+def test_compile_helper_protocol_compiled_then_timing_on_go():
+    import subprocess
+    speaker = ("import json, sys\n"
+               "print(json.dumps({'compiled': True}), flush=True)\n"
+               "assert sys.stdin.readline().strip() == 'go'\n"
+               "print(json.dumps({'timing': {'median_ms': 1.5, 'runs': 10}}), flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", speaker], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    helper = bridge.CompileHelper(proc)
+    assert helper.wait_compiled() == (True, None)
+    assert helper.time_compiled() == ({"median_ms": 1.5, "runs": 10}, None)
+    assert proc.returncode == 0
+
+
+def test_time_compiled_builds_the_same_model_and_sets_and_times_the_compiled_one(monkeypatch):
+    """cmd_time_compiled on CPU torch with torch.compile, the GPU's memory and
+    the timer stood in for: the model and input sets are the reference's (same
+    seeds), compiled once before the go, then measured."""
+    import io
+    import timing as ks_timing
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda m: (calls.append("compile"), m)[1], raising=False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (64 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    monkeypatch.setattr(bridge, "resolve_device", lambda p, d: CPU)
+
+    class FakeTimer:
+        def __init__(self, device):
+            pass
+
+        def measure(self, fn, arg_sets):
+            calls.append(("measure", len(arg_sets), [a[0].sum().item() for a in arg_sets]))
+            return {"median_ms": 2.0}
+
+    monkeypatch.setattr(ks_timing, "Timer", FakeTimer)
+    lines = []
+    monkeypatch.setattr(bridge, "_answer_line", lambda obj: lines.append(obj))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    problem = load("matmul.py")
+    args = type("A", (), {"seed": 42, "sets": 3, "device": "cuda"})()
+    out = bridge.cmd_time_compiled(problem, args)
+    assert out == {"timing": {"median_ms": 2.0}}
+    assert lines == [{"compiled": True}]
+    want = [problem.inputs(43 + i, CPU)[0].sum().item() for i in range(2)]
+    assert calls[0] == "compile" and calls[-1] == ("measure", 2, want)
