@@ -110,6 +110,10 @@ StatusOr<std::vector<std::unique_ptr<GpuEvaluator>>> MakeGpuEvaluatorsOn(const E
     std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)",
                  SecondsSince(setup_start));
     for (const auto& e : ref.evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
+    for (const auto& n : ref.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+    for (const auto& o : ref.signature.outputs)
+      if (ref.signature.ToleranceFor(o).atol != ref.signature.ToleranceFor(o.dtype).atol)
+        std::fprintf(stderr, "tolerance of '%s': %s\n", o.name.c_str(), ref.signature.DescribeTolerance(o).c_str());
   }
   if (ref.signature.flops.value_or(0) > 0) {
     for (auto& ev : out)

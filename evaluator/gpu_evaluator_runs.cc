@@ -232,10 +232,10 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
       std::string msg = "output '" + t.name + "', input set " + std::to_string(set) + ": ";
       if (e.rel_norm > e.rel_norm_bound)
         msg += "relative error norm ||out - ref|| / ||ref|| = " + Num(e.rel_norm) + " exceeds " + Num(e.rel_norm_bound) +
-               " for " + DTypeName(t.dtype);
+               " for " + DTypeName(t.dtype) + " (" + ref_.signature.DescribeTolerance(t) + ")";
       else
         msg += std::to_string(e.large_errors) + " of " + std::to_string(e.considered) +
-               " elements that are not tiny (|ref| >= " + Num(100 * ref_.signature.ToleranceFor(t.dtype).TinyFraction()) +
+               " elements that are not tiny (|ref| >= " + Num(100 * ref_.signature.ToleranceFor(t).TinyFraction()) +
                "% of the RMS) have a relative error above " + Num(e.large_rel) +
                " (at most " + Num(100 * e.large_share_cap) + "% may)";
       msg += " although every element is within atol/rtol: is it computed in a lower precision, or are small "
@@ -244,10 +244,8 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
       r.message = msg;
     } else if (bad && r.status == EvalStatus::kCorrect) {
       const TensorSpec& t = *o.spec;
-      Tolerance tol = ref_.signature.ToleranceFor(t.dtype);
       std::string msg = "output '" + t.name + "', input set " + std::to_string(set) + ": " + std::to_string(e.mismatches) +
-                        " of " + std::to_string(t.numel()) + " elements wrong (atol " + Num(tol.atol) + ", rtol " +
-                        Num(tol.rtol) + ")";
+                        " of " + std::to_string(t.numel()) + " elements wrong (" + ref_.signature.DescribeTolerance(t) + ")";
       if (e.unwritten) msg += ", " + std::to_string(e.unwritten) + " never written";
       if (e.nan_mismatches) msg += ", " + std::to_string(e.nan_mismatches) + " NaN/Inf where the reference is finite";
       if (e.first_mismatch >= 0) {

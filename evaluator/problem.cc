@@ -171,6 +171,38 @@ StatusOr<std::string> BridgeInterpreter(const std::string& explicit_python) {
   return py.python;
 }
 
+// probe.py --quick: the facts the reference cache's key needs (torch's
+// version, device 0's name) without importing torch or starting CUDA in
+// torch: a tenth of a second instead of seconds, on every evaluation.
+// Cached per interpreter; NotFound when that python has no torch.
+StatusOr<PythonInfo> QuickProbe(const std::string& python) {
+  static std::mutex mu;
+  static std::map<std::string, StatusOr<PythonInfo>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(python); it != cache.end()) return it->second;
+  }
+  StatusOr<PythonInfo> info = [&]() -> StatusOr<PythonInfo> {
+    KS_ASSIGN_OR_RETURN(std::string script, FindDataFile("reference/probe.py"));
+    SubprocessOptions o;
+    o.argv = {python, script, "--quick"};
+    o.timeout_s = 60;
+    o.env = PythonEnv();
+    KS_ASSIGN_OR_RETURN(SubprocessResult r, RunSubprocess(o));
+    json j = json::parse(LastLine(r.out), nullptr, /*allow_exceptions=*/false);
+    if (!r.Succeeded() || !j.is_object() || !j.contains("torch"))
+      return NotFound(python + " probe.py --quick: " + r.Describe() + " " + LastLine(r.err));
+    PythonInfo p;
+    p.python = python;
+    p.torch_version = j.value("torch", "");
+    p.cuda = j.value("cuda", false);
+    p.device = j.value("device", "cpu");
+    return p;
+  }();
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(python, std::move(info)).first->second;
+}
+
 // The bridge's {"error": ...} answer as a Status, or OkStatus for any other answer.
 Status BridgeErrorStatus(const json& j, const std::string& file, const BridgeOptions& opts) {
   if (!(j.is_object() && j.contains("error") && j["error"].is_object())) return Status::Ok();
@@ -407,6 +439,9 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   if (j.contains("warnings") && j["warnings"].is_array())
     for (const auto& w : j["warnings"])
       if (w.is_string()) d.warnings.push_back(w.get<std::string>());
+  if (j.contains("notes") && j["notes"].is_array())
+    for (const auto& n : j["notes"])
+      if (n.is_string()) d.notes.push_back(n.get<std::string>());
   if (j.contains("phases") && j["phases"].is_array())
     for (const auto& ph : j["phases"])
       if (ph.is_array() && ph.size() == 2 && ph[0].is_string() && ph[1].is_number())
@@ -502,14 +537,67 @@ StatusOr<std::string> ReadLine(int fd, double timeout_s, size_t max_bytes) {
   }
 }
 
-// bridge.py reference --resident: the bridge computes the reference on the
-// GPU and keeps it; its manifest names each tensor's IPC handle.
-// Returns the data and the bridge's manifest; or, when the bridge decided the
-// problem is too small to keep (--resident-min-bytes), data without
-// `resident` and its answer {"resident": false, "signature": ...}.
-StatusOr<std::pair<ReferenceData, json>> StartResidentBridge(const std::string& file,
-                                                             const std::vector<std::string>& args,
-                                                             const BridgeOptions& opts) {
+// A bridge process started with `bridge.py reference ... --then-files` that
+// answered {"resident": false, "signature": ...} and waits for the request to
+// write the reference's files (one python start for the signature and the
+// reference). Ends the bridge (closing its stdin, then SIGKILL) and removes
+// its stderr file when it goes out of scope.
+class WaitingBridge {
+ public:
+  WaitingBridge(ChildProcess child, std::string err_path) : child_(std::move(child)), err_path_(std::move(err_path)) {}
+  ~WaitingBridge() {
+    if (child_.running()) {
+      child_.CloseStdin();
+      for (int i = 0; i < 25 && !child_.TryReap(); ++i) usleep(20 * 1000);
+      if (child_.running()) child_.Kill();
+    }
+    unlink(err_path_.c_str());
+  }
+  WaitingBridge(const WaitingBridge&) = delete;
+  WaitingBridge& operator=(const WaitingBridge&) = delete;
+
+  // Sends the request, waits for the manifest (at most timeout_s) and for the
+  // bridge to exit.
+  StatusOr<json> WriteFiles(const std::string& file, const json& request, const BridgeOptions& opts) {
+    const std::string line = request.dump() + "\n";
+    Status sent = WriteAll(child_.stdin_fd(), line.data(), line.size());
+    child_.CloseStdin();
+    auto answer = sent.ok() ? ReadLine(child_.stdout_fd(), opts.timeout_s, 256u << 20) : StatusOr<std::string>(sent);
+    if (!answer.ok() && answer.status().code() == Code::kDeadlineExceeded) {
+      child_.Kill();
+      return DeadlineExceeded(file + ": the reference bridge timed out after " + std::to_string(int(opts.timeout_s)) +
+                              " s (raise the timeout for large problems on CPU)");
+    }
+    json j = answer.ok() ? json::parse(*answer, nullptr, /*allow_exceptions=*/false) : json();
+    // The bridge has answered (or died): it exits by itself.
+    std::optional<std::string> how;
+    for (int i = 0; i < 500 && !(how = child_.TryReap()); ++i) usleep(10 * 1000);
+    const bool killed_by_us = !how;
+    if (killed_by_us) how = child_.Kill();
+    KS_RETURN_IF_ERROR(BridgeErrorStatus(j, file, opts));
+    if (!answer.ok() || !j.is_object()) {
+      auto text = ReadFile(err_path_, 1u << 20);
+      std::string why = (answer.ok() ? std::string("an answer that is not JSON") : answer.status().message()) + ", " + *how;
+      if (!killed_by_us && how->find("signal 9") != std::string::npos) why += " (out of memory?)";
+      return BridgeFailed(file, why, text.ok() ? *text : "");
+    }
+    return j;
+  }
+
+ private:
+  ChildProcess child_;
+  std::string err_path_;
+};
+
+// bridge.py reference --resident and/or --then-files: the bridge infers the
+// sizes, then either computes the reference on the GPU and keeps it (its
+// manifest names each tensor's IPC handle), or answers {"resident": false,
+// "signature": ...}. Returns the data and the bridge's answer; in the second
+// case data without `resident`, and, with --then-files, the bridge waiting
+// for the request to write the files in *waiting.
+StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, const std::vector<std::string>& args,
+                                                     const BridgeOptions& opts,
+                                                     std::unique_ptr<WaitingBridge>* waiting) {
   KS_ASSIGN_OR_RETURN(std::string python, BridgeInterpreter(opts.python));
   KS_ASSIGN_OR_RETURN(std::string bridge, FindDataFile("reference/bridge.py"));
   auto env = PythonEnv();
@@ -519,10 +607,10 @@ StatusOr<std::pair<ReferenceData, json>> StartResidentBridge(const std::string& 
   int fd = mkstemp(tmpl);
   if (fd < 0) return PosixError("creating a file for the bridge's messages", errno);
   close(fd);
-  const std::string err_path = tmpl;
+  std::string err_path = tmpl;
   struct Unlink {
     std::string p;
-    ~Unlink() { unlink(p.c_str()); }
+    ~Unlink() { if (!p.empty()) unlink(p.c_str()); }
   } unlink_err{err_path};
   KS_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(BridgeArgv(python, bridge, args), env, err_path,
                                                               DieWithParent));
@@ -540,9 +628,14 @@ StatusOr<std::pair<ReferenceData, json>> StartResidentBridge(const std::string& 
   json j = json::parse(*line, nullptr, /*allow_exceptions=*/false);
   KS_RETURN_IF_ERROR(BridgeErrorStatus(j, file, opts));
   if (!j.is_object()) return failure("an answer that is not JSON");
-  // Too small to keep on the GPU: the answer is the signature, and the bridge has ended.
-  if (j.contains("resident") && j["resident"].is_boolean() && !j["resident"].get<bool>())
+  // Not kept on the GPU: the answer is the signature; the bridge has ended or waits for the files' request.
+  if (j.contains("resident") && j["resident"].is_boolean() && !j["resident"].get<bool>()) {
+    if (waiting) {
+      unlink_err.p.clear();  // the waiting bridge removes it
+      *waiting = std::make_unique<WaitingBridge>(std::move(child), err_path);
+    }
     return std::make_pair(ReferenceData{}, std::move(j));
+  }
   const std::string where = file + " (resident reference)";
   KS_ASSIGN_OR_RETURN(ReferenceData d, ReferenceFromManifest(j, where));
   std::vector<std::map<std::string, ResidentTensor>> sets;
@@ -606,7 +699,20 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   if (opts.device != "auto" && opts.device != "cuda" && opts.device != "cpu")
     return InvalidArgument("device must be auto, cuda or cpu, not '" + opts.device + "'");
   KS_ASSIGN_OR_RETURN(std::string problem_bytes, ReadFile(file));
-  KS_ASSIGN_OR_RETURN(PythonInfo py, ResolvePython(opts.bridge.python));
+  // The interpreter and the key's facts. With the device named, the quick
+  // probe (no torch import) is enough; "auto" asks torch itself whether it
+  // can use the GPU (a driver too old for its CUDA says no only there).
+  PythonInfo py;
+  std::optional<PythonInfo> quick;
+  if (opts.device != "auto") {
+    if (auto python = BridgeInterpreter(opts.bridge.python); python.ok())
+      if (auto q = QuickProbe(*python); q.ok()) quick = *q;
+  }
+  if (quick) {
+    py = *quick;
+  } else {
+    KS_ASSIGN_OR_RETURN(py, ResolvePython(opts.bridge.python));
+  }
   KS_ASSIGN_OR_RETURN(std::string bridge_path, FindDataFile("reference/bridge.py"));
   KS_ASSIGN_OR_RETURN(std::string bridge_bytes, ReadFile(bridge_path));
   // timing.py is part of the method whose results are cached.
@@ -673,61 +779,62 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     KS_ASSIGN_OR_RETURN(cap, DefaultCacheCap());
   }
   auto mark = std::chrono::steady_clock::now();
-  std::optional<Signature> known_sig;
-  double signature_s = 0;
-  if (const uint64_t min_bytes = ResidentMinBytes(opts); on_cuda && min_bytes != UINT64_MAX) {
-    // The bridge infers the sizes itself (one torch import, not two) and keeps
-    // a reference of min_bytes or more on the GPU, with the sets that fit the
-    // device budget (fewer than 2: ResourceExhausted naming the figures).
-    // Only its timings are cached; a second evaluation reads them.
-    const fs::path timing_dir = cache / (stem + "-" + key_for(true, "resident timing"));
-    std::optional<json> cached;
-    if (opts.time && !opts.refresh) {
-      if (auto text = ReadFile((timing_dir / "manifest.json").string(), 64u << 20); text.ok()) {
-        json t = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-        if (ManifestHasTiming(t)) cached = t;
-      }
+  // One bridge process infers the sizes (shape inference, nothing computed)
+  // and then either keeps the reference on the GPU (a problem of
+  // min_bytes or more, on a GPU) or, once this process has sized the cache
+  // entry and made room for it, writes it to files: one torch import.
+  const uint64_t min_bytes = ResidentMinBytes(opts);
+  const bool may_stay = on_cuda && min_bytes != UINT64_MAX;
+  // A resident reference caches only its timings; a second evaluation reads them.
+  const fs::path timing_dir = cache / (stem + "-" + key_for(true, "resident timing"));
+  std::optional<json> cached;
+  if (may_stay && opts.time && !opts.refresh) {
+    if (auto text = ReadFile((timing_dir / "manifest.json").string(), 64u << 20); text.ok()) {
+      json t = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (ManifestHasTiming(t)) cached = t;
     }
-    std::vector<std::string> args = {"reference", file, "--resident", "--sets", std::to_string(opts.sets),
-                                     "--seed", std::to_string(opts.seed), "--device", "cuda",
-                                     "--resident-min-bytes", std::to_string(min_bytes),
-                                     "--device-budget", std::to_string(opts.device_budget)};
+  }
+  std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
+                                   "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
+  if (may_stay) {
+    // Kept with the sets that fit the device budget (fewer than 2: ResourceExhausted naming the figures).
+    for (const std::string& a : {std::string("--resident"), std::string("--resident-min-bytes"),
+                                 std::to_string(min_bytes), std::string("--device-budget"),
+                                 std::to_string(opts.device_budget)})
+      args.push_back(a);
     if (opts.time && !cached) args.push_back("--time");
-    KS_ASSIGN_OR_RETURN(auto made, StartResidentBridge(file, args, opts.bridge));
-    const double bridge_s = Since(mark);
-    if (!made.first.resident) {
-      auto sig = SignatureFromJson(made.second["signature"]);
-      if (!sig.ok()) return Internal(file + ": the reference bridge returned a bad signature: " + sig.status().message());
-      known_sig = std::move(sig).value();
-      signature_s = bridge_s;
-    } else {
-      ReferenceData d = std::move(made.first);
-      d.phases.insert(d.phases.begin(),
-                      {"bridge process until the reference is on the GPU (phases below; sizes by shape inference)",
-                       bridge_s});
-      if (cached) {
-        auto from = ReferenceFromManifest(*cached, timing_dir.string());
-        if (from.ok()) {
-          d.eager = from->eager;
-          d.compiled = from->compiled;
-          d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
-          TouchCacheEntry(timing_dir.string());
-        }
-      } else if (opts.time && d.eager) {
-        // Only the manifest (kilobytes) is cached; a failure to cache costs a re-timing later, nothing else.
-        std::vector<std::string> evicted;
-        if (MakeRoom(cache.string(), 1 << 20, cap, "", &evicted).ok() &&
-            WriteTimingEntry(cache, timing_dir, stem, std::move(made.second)).ok())
-          d.evicted = std::move(evicted);
+  } else if (opts.time && on_cuda) {
+    args.push_back("--time");  // timing to come: the bridge starts torch.compile's warm-up at once
+  }
+  std::unique_ptr<WaitingBridge> waiting;
+  KS_ASSIGN_OR_RETURN(auto made, StartBridge(file, args, opts.bridge, &waiting));
+  const double signature_s = Since(mark);
+  if (made.first.resident) {
+    ReferenceData d = std::move(made.first);
+    d.phases.insert(d.phases.begin(),
+                    {"bridge process until the reference is on the GPU (phases below; sizes by shape inference)",
+                     signature_s});
+    if (cached) {
+      auto from = ReferenceFromManifest(*cached, timing_dir.string());
+      if (from.ok()) {
+        d.eager = from->eager;
+        d.compiled = from->compiled;
+        d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
+        TouchCacheEntry(timing_dir.string());
       }
-      return adopt(std::move(d));
+    } else if (opts.time && d.eager) {
+      // Only the manifest (kilobytes) is cached; a failure to cache costs a re-timing later, nothing else.
+      std::vector<std::string> evicted;
+      if (MakeRoom(cache.string(), 1 << 20, cap, "", &evicted).ok() &&
+          WriteTimingEntry(cache, timing_dir, stem, std::move(made.second)).ok())
+        d.evicted = std::move(evicted);
     }
+    return adopt(std::move(d));
   }
-  if (!known_sig) {
-    KS_ASSIGN_OR_RETURN(known_sig, LoadProblemSignature(file, opts.bridge));
-    signature_s = Since(mark);
-  }
-  const Signature& sig = *known_sig;
+  if (!waiting) return Internal(file + ": the reference bridge ended after the signature");
+  auto parsed = SignatureFromJson(made.second["signature"]);
+  if (!parsed.ok()) return Internal(file + ": the reference bridge returned a bad signature: " + parsed.status().message());
+  const Signature& sig = *parsed;
   KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(cache.string()));
   KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(cache.string()));
   const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
@@ -742,11 +849,10 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   static std::atomic<uint64_t> counter{0};
   const fs::path tmp = cache / (".tmp-" + stem + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
   ScopedDirRemover remove_tmp(tmp);
-  std::vector<std::string> args = {"reference", file, "--out", tmp.string(), "--sets", std::to_string(fit.sets),
-                                   "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
-  if (opts.time) args.push_back("--time");
   mark = std::chrono::steady_clock::now();
-  KS_ASSIGN_OR_RETURN(json manifest, RunBridge(file, args, opts.bridge));
+  KS_ASSIGN_OR_RETURN(json manifest,
+                      waiting->WriteFiles(file, json{{"out", tmp.string()}, {"sets", fit.sets}, {"time", opts.time}},
+                                          opts.bridge));
   const double bridge_s = Since(mark);
   (void)manifest;  // read back from disk below, the same way a cache hit is
 
@@ -762,8 +868,9 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   KS_ASSIGN_OR_RETURN(ReferenceData d, LoadReferenceDir(final_dir.string()));
   d.warnings.insert(d.warnings.begin(), warnings.begin(), warnings.end());
   d.evicted = std::move(evicted);
-  d.phases.insert(d.phases.begin(), {{"signature for the sizes (python, shape inference)", signature_s},
-                                     {"bridge process (all of the bridge: phases below)", bridge_s}});
+  d.phases.insert(d.phases.begin(),
+                  {{"signature for the sizes (the bridge process: torch import, shape inference)", signature_s},
+                   {"the same bridge process after the sizes (phases below)", bridge_s}});
   return adopt(std::move(d));
 }
 

@@ -147,6 +147,10 @@ struct ReferenceData {
   std::optional<TimingStats> eager;      // only when timed on CUDA
   std::optional<TimingStats> compiled;   // also absent when torch.compile failed
   std::vector<std::string> warnings;     // degenerate outputs, timing problems
+  // What is not a warning but a user may want to know (--verbose): outputs the
+  // element-wise tolerance barely tests, why PyTorch's float32 rounding was not
+  // measured (the float64 run skipped or failed; Signature::reference_error).
+  std::vector<std::string> notes;
   std::map<std::string, double> scalars; // scalar inputs by name
   bool from_cache = false;               // true when an existing entry was reused
   int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)

@@ -1,6 +1,9 @@
 #include "evaluator/signature.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 
 namespace ks {
 
@@ -97,6 +100,75 @@ Tolerance Signature::ToleranceFor(DType d) const {
   return t;
 }
 
+Tolerance WidenForRounding(Tolerance t, const ReferenceError& e) {
+  if (t.rel_norm == 0 || !(e.rel_norm <= kMaxRoundingRelNorm) || !(e.rms >= 0)) return t;
+  t.atol += kRoundingFactor * e.rms;
+  t.rel_norm = std::max(t.rel_norm, kRoundingFactor * e.rel_norm);
+  t.large_rel = std::max(t.large_rel, 20 * kRoundingFactor * e.rel_norm);
+  return t;
+}
+
+Tolerance Signature::ToleranceFor(const TensorSpec& output) const {
+  Tolerance t = ToleranceFor(output.dtype);
+  if (output.dtype != DType::kFloat32) return t;
+  auto it = reference_error.find(output.name);
+  return it == reference_error.end() ? t : WidenForRounding(t, it->second);
+}
+
+namespace {
+std::string Short(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+}  // namespace
+
+std::string Signature::DescribeTolerance(const TensorSpec& output) const {
+  const Tolerance base = ToleranceFor(output.dtype), t = ToleranceFor(output);
+  std::string s = "atol " + Short(t.atol);
+  if (t.atol != base.atol) {
+    const ReferenceError& e = reference_error.at(output.name);
+    s += " (" + Short(base.atol) + " + " + Short(kRoundingFactor) + " x PyTorch's own float32 error, RMS " +
+         Short(e.rms) + ")";
+  }
+  s += ", rtol " + Short(t.rtol);
+  if (t.rel_norm != base.rel_norm) s += ", relative norm " + Short(t.rel_norm) + " (widened likewise)";
+  return s;
+}
+
+HostComparison CompareOnHost(const Tolerance& tol, const std::vector<double>& out, const std::vector<double>& ref) {
+  HostComparison c;
+  const size_t n = std::min(out.size(), ref.size());
+  double ssd = 0, ssr = 0;
+  for (size_t i = 0; i < n; ++i) ssr += std::isfinite(ref[i]) ? ref[i] * ref[i] : 0;
+  const double rms = n ? std::sqrt(ssr / n) : 0;
+  const double tiny = tol.large_rel > 0 ? std::max(tol.TinyFraction() * rms, std::numeric_limits<double>::min()) : INFINITY;
+  for (size_t i = 0; i < n; ++i) {
+    const double o = out[i], r = ref[i];
+    bool bad;
+    if (std::isnan(r)) bad = !std::isnan(o);
+    else if (std::isinf(r)) bad = o != r;
+    else if (!std::isfinite(o)) bad = true;
+    else {
+      const double d = std::fabs(o - r);
+      ssd += d * d;
+      bad = d > tol.atol + tol.rtol * std::fabs(r);
+      if (std::fabs(r) >= tiny) {
+        ++c.considered;
+        if (d > tol.large_rel * std::fabs(r)) ++c.large_errors;
+      }
+    }
+    if (bad) ++c.mismatches;
+  }
+  c.mismatches += static_cast<int64_t>(std::max(out.size(), ref.size()) - n);
+  c.rel_norm = ssr > 0 ? std::sqrt(ssd / ssr) : std::sqrt(ssd);
+  const bool norm_broken = tol.rel_norm > 0 && (c.rel_norm > tol.rel_norm ||
+                                                (c.considered > 0 && static_cast<double>(c.large_errors) >
+                                                                         tol.large_share * c.considered));
+  c.passes = c.mismatches == 0 && !norm_broken;
+  return c;
+}
+
 namespace {
 
 StatusOr<TensorSpec> SpecFromJson(const nlohmann::json& j) {
@@ -153,6 +225,13 @@ StatusOr<Signature> SignatureFromJson(const nlohmann::json& j) {
     }
   }
   if (s.outputs.empty()) return InvalidArgument("signature has no outputs");
+  if (j.contains("reference_error") && j["reference_error"].is_object())
+    for (const auto& [name, e] : j["reference_error"].items()) {
+      if (!e.is_object() || !e.contains("rms") || !e.contains("rel_norm") || !e["rms"].is_number() ||
+          !e["rel_norm"].is_number())
+        return InvalidArgument("reference_error of '" + name + "' needs numbers 'rms' and 'rel_norm'");
+      s.reference_error[name] = ReferenceError{e["rms"].get<double>(), e["rel_norm"].get<double>()};
+    }
   return s;
 }
 
@@ -166,6 +245,10 @@ nlohmann::json SignatureToJson(const Signature& s) {
       if (v > 0) j["tolerance"][key] = v;
   }
   j["flops"] = s.flops ? nlohmann::json(*s.flops) : nlohmann::json(nullptr);
+  if (!s.reference_error.empty()) {
+    j["reference_error"] = nlohmann::json::object();
+    for (const auto& [name, e] : s.reference_error) j["reference_error"][name] = {{"rms", e.rms}, {"rel_norm", e.rel_norm}};
+  }
   for (auto [key, src] : {std::pair{"inputs", &s.inputs}, {"parameters", &s.parameters}, {"outputs", &s.outputs}}) {
     j[key] = nlohmann::json::array();
     for (const auto& t : *src) j[key].push_back(SpecToJson(t));

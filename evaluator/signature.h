@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +65,43 @@ struct Tolerance {
 // The defaults for an output of dtype d, before a problem's TOLERANCE.
 Tolerance DefaultTolerance(DType d);
 
+// PyTorch's own rounding error in one float32 output: the reference against
+// the same model and inputs run in float64 (input set 0; bridge.py
+// measure_rounding). A long sum with heavy cancellation has a large one, and
+// two honest summation orders differ by about as much.
+struct ReferenceError {
+  double rms = 0;       // RMS of ref32 - ref64
+  double rel_norm = 0;  // ||ref32 - ref64|| / ||ref64||
+};
+
+// A float32 output's tolerance widened by its ReferenceError: a candidate may
+// be at most kRoundingFactor times as inaccurate as PyTorch's own float32.
+// Above kMaxRoundingRelNorm the float64 run is not measuring rounding (a
+// data-dependent branch; a problem that needs a TOLERANCE of its own), and
+// nothing is widened. The same constants as bridge.py's.
+inline constexpr double kRoundingFactor = 16;
+inline constexpr double kMaxRoundingRelNorm = 1e-3;
+//   atol      += kRoundingFactor * rms
+//   rel_norm   = max(rel_norm, kRoundingFactor * rel_norm_err)
+//   large_rel  = max(large_rel, 20 * kRoundingFactor * rel_norm_err)
+// (large_rel stays 20 times the norm bound, as for fp16 and bf16, so that
+// "tiny" stays at most 10% of the RMS.) A lower precision stays out: fp16
+// arithmetic rounds 8192 times coarser than fp32, bf16 65536 times.
+Tolerance WidenForRounding(Tolerance t, const ReferenceError& e);
+
+// What the GPU evaluator's comparison (Compare in gpu_evaluator_internal.h)
+// finds for `out` against `ref` under `tol`, computed on the host: for
+// checking tolerance rules without a GPU. Elements are compared as doubles;
+// NaN and Inf must match the reference's.
+struct HostComparison {
+  int64_t mismatches = 0;    // outside atol + rtol * |ref|
+  double rel_norm = 0;       // ||out - ref|| / ||ref|| over finite elements
+  int64_t considered = 0;    // not tiny
+  int64_t large_errors = 0;  // of those, relative error above large_rel
+  bool passes = false;       // every rule of Tolerance holds
+};
+HostComparison CompareOnHost(const Tolerance& tol, const std::vector<double>& out, const std::vector<double>& ref);
+
 struct Signature {
   std::string file;         // the problem file as given
   std::string name;         // file stem
@@ -73,6 +111,9 @@ struct Signature {
   std::vector<TensorSpec> inputs;      // forward's arguments, in order
   std::vector<TensorSpec> parameters;  // state_dict entries
   std::vector<TensorSpec> outputs;     // out, or out0, out1, ...
+  // PyTorch's own float32 rounding by output name, where the reference
+  // measured it (absent: not measured, the tolerance is not widened).
+  std::map<std::string, ReferenceError> reference_error;
 
   // Inputs, then parameters, then outputs.
   const TensorSpec* Find(const std::string& name) const;
@@ -82,6 +123,12 @@ struct Signature {
   // problem's TOLERANCE over them (see signature.cc for how a looser rtol
   // loosens the norm bounds).
   Tolerance ToleranceFor(DType output_dtype) const;
+  // The tolerance of one output: ToleranceFor(dtype), widened by its measured
+  // ReferenceError (float32 outputs, see WidenForRounding).
+  Tolerance ToleranceFor(const TensorSpec& output) const;
+  // That tolerance in words, for messages: "atol 0.0589 (1e-4 + 16 x PyTorch's
+  // own float32 error, RMS 0.00368), rtol 1e-4".
+  std::string DescribeTolerance(const TensorSpec& output) const;
 };
 
 StatusOr<Signature> SignatureFromJson(const nlohmann::json& j);

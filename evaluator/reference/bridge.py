@@ -19,7 +19,23 @@ problem prints goes to stderr so it cannot corrupt that object):
       manifest's sets name each tensor's CUDA IPC handle, offset and size, for
       the evaluator to map (a multi-GB problem needs no disk and no copy
       through the host). After printing the manifest the bridge holds the
-      tensors until its stdin is closed, then exits.
+      tensors until its stdin is closed, then exits. With
+      --resident-min-bytes N, a problem whose sets hold fewer bytes is not
+      kept: the answer is {"resident": false, "signature": ...}.
+  reference PROBLEM.py [--resident ...] --then-files --sets K --seed S [--device D]
+      one process for a reference that goes to files: after shape inference
+      the bridge prints {"resident": false, "signature": ...} (unless it
+      keeps the problem on the GPU, as above), reads one line
+      {"out": DIR, "sets": K, "time": bool} from stdin (the caller has sized
+      and made room for the cache entry meanwhile), writes DIR as
+      reference --out does and prints the manifest. EOF instead of the line
+      ends it quietly.
+      With --time and --device cuda, torch.compile's timing is done by a
+      helper started at once (time-compiled, below).
+  time-compiled PROBLEM.py --seed S --sets K --device cuda
+      the helper of CompileHelper: compiles torch.compile(model) while the
+      reference is computed, prints {"compiled": true}, waits for a line on
+      stdin, then times the compiled model (timing.py) and prints the figures.
   check PROBLEM.py [--sets K] [--seed S] [--device D]
       {"warnings": [...]}: outputs that would let a wrong kernel pass.
   peaks [--index I] [--n N] [--runs R]
@@ -61,6 +77,20 @@ DEFAULT_TOLERANCE = {
     "float64": (1e-8, 1e-6),
     "float32": (1e-4, 1e-4),
 }
+
+# PyTorch's own rounding error (the reference in float32 against the same model
+# run in float64, input set 0) widens a float32 output's tolerance: a candidate
+# may be at most ROUNDING_FACTOR times as inaccurate as PyTorch itself (a sum
+# over 8192 cancelling terms differs by ~1e-4 between two honest summation
+# orders). Beyond MAX_ROUNDING_REL_NORM the float64 run is not measuring
+# rounding (a data-dependent branch, a problem that needs its own TOLERANCE)
+# and nothing is widened. The same constants and rule as
+# Signature::ToleranceFor(const TensorSpec&) in evaluator/signature.cc.
+ROUNDING_FACTOR = 16.0
+MAX_ROUNDING_REL_NORM = 1e-3
+# The float64 run is skipped when it would take longer than this (seconds;
+# $KS_FP64_CHECK_MAX_S): a first evaluation has a budget of its own.
+FP64_CHECK_MAX_S = 3.0
 
 # Reductions over huge outputs go chunk by chunk so that a 4 GiB output does
 # not need 4 GiB of temporaries on top of itself.
@@ -222,13 +252,29 @@ class Problem:
         return list(args)
 
     def build_model(self, seed, device):
+        import contextlib
         import torch
         _seed_everything(seed)
         args = self.init_inputs()
+        # Weights are drawn where they will live, as inputs are (_creating_on):
+        # a 4 GiB nn.Linear initialises in milliseconds on a GPU, in seconds on
+        # the CPU. A constructor that cannot run there (it calls .numpy() on a
+        # tensor, say) is built on the CPU, from the same seed, and moved.
+        where = _creating_on(device)
         try:
-            model = self.module.Model(*args)
+            with where:
+                model = self.module.Model(*args)
         except Exception as e:  # noqa: BLE001
-            raise self.error("init_error", "Model(*get_init_inputs())", e)
+            if isinstance(where, contextlib.nullcontext):
+                raise self.error("init_error", "Model(*get_init_inputs())", e)
+            model = None
+        if model is None:
+            _seed_everything(seed)
+            args = self.init_inputs()
+            try:
+                model = self.module.Model(*args)
+            except Exception as e:  # noqa: BLE001
+                raise self.error("init_error", "Model(*get_init_inputs())", e)
         if device is not None:
             try:
                 model = model.to(device)
@@ -314,7 +360,7 @@ class Problem:
 
 
 def _creating_on(device):
-    """Where get_inputs() creates its tensors: on a GPU with torch >= 2, on the
+    """Where get_inputs() and Model() create their tensors: on a GPU with torch >= 2, on the
     GPU itself (torch.device as a context manager), so that gigabytes of
     torch.rand are drawn there in milliseconds instead of on the CPU in tens of
     seconds and then copied. Elsewhere (CPU, torch 1.13): where the problem puts
@@ -591,11 +637,14 @@ def store_tensor(t, path):
     return digest
 
 
-def _tolerance_for(problem, dtype):
+def _tolerance_for(problem, dtype, rounding=None):
+    """(atol, rtol) of an output; `rounding` ({"rms", "rel_norm"}, float32
+    outputs only) widens atol as the evaluator does."""
     tol = problem.tolerance
-    if tol is not None:
-        return tol["atol"], tol["rtol"]
-    return DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = (tol["atol"], tol["rtol"]) if tol is not None else DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    if rounding and dtype == "float32" and rounding["rel_norm"] <= MAX_ROUNDING_REL_NORM:
+        atol += ROUNDING_FACTOR * rounding["rms"]
+    return atol, rtol
 
 
 def output_stats(t, atol, rtol):
@@ -746,8 +795,9 @@ def _restore_state(model, snapshot):
             v.copy_(snapshot[k])
 
 
-def _outputs_agree(a, b, problem):
-    """Whether two runs' outputs are the same within the evaluator's tolerance."""
+def _outputs_agree(a, b, problem, rounding=None):
+    """Whether two runs' outputs are the same within the evaluator's tolerance
+    (`rounding`: measure_rounding's errors by output name)."""
     import torch
     for (name, x), (_, y) in zip(a, b):
         if x.shape != y.shape or x.dtype != y.dtype:
@@ -756,7 +806,7 @@ def _outputs_agree(a, b, problem):
             if not torch.equal(x, y):
                 return False
             continue
-        atol, rtol = _tolerance_for(problem, _dtype_name(x))
+        atol, rtol = _tolerance_for(problem, _dtype_name(x), (rounding or {}).get(name))
         fx, fy = x.reshape(-1), y.reshape(-1)
         for i in range(0, fx.numel(), CHUNK_ELEMENTS):
             cx, cy = fx[i:i + CHUNK_ELEMENTS].double(), fy[i:i + CHUNK_ELEMENTS].double()
@@ -765,27 +815,34 @@ def _outputs_agree(a, b, problem):
     return True
 
 
-def check_deterministic(problem, model, snapshot, set_seed, device, first):
+def check_deterministic(problem, model, snapshot, set_seed, device, first, rounding=None):
     """Refuses a problem whose reference differs between two runs of the same
     input set: no kernel can be judged against it.
 
     The second run starts from the same parameters and buffers with a
     different random seed; when a third run with the first run's seed agrees
     again, forward draws random numbers (Dropout in training mode,
-    torch.rand inside forward), and the message says so.
+    torch.rand inside forward), and the message says so. Returns the wall
+    seconds of the second run's forward (warm: no first-call setup).
     """
+    import time
+    forward_s = []
+
     def run(rng_seed):
         _restore_state(model, snapshot)
         inputs = problem.inputs(set_seed, device)
         _seed_everything(rng_seed)
-        return problem.forward(model, inputs)
+        t0 = time.monotonic()
+        out = problem.forward(model, inputs)  # synchronizes
+        forward_s.append(time.monotonic() - t0)
+        return out
 
     second = run(set_seed + 7919)
-    if _outputs_agree(first, second, problem):
-        return
+    if _outputs_agree(first, second, problem, rounding):
+        return forward_s[0]
     third = run(set_seed + 1000003)
     del second
-    same_seed_agrees = _outputs_agree(third, run(set_seed + 1000003), problem)
+    same_seed_agrees = _outputs_agree(third, run(set_seed + 1000003), problem, rounding)
     if same_seed_agrees:
         import torch
         dropouts = [n or type(m).__name__ for n, m in model.named_modules()
@@ -800,6 +857,171 @@ def check_deterministic(problem, model, snapshot, set_seed, device, first):
     raise problem.fail("nondeterministic", "the reference is not deterministic: two runs on the same input set "
                        "differ beyond the tolerance; %s. No kernel can be judged against it: make forward "
                        "deterministic (e.g. model.eval(), or draw the randomness in get_inputs())" % cause)
+
+
+def _float64_copy(model):
+    """A copy of model with its float parameters and buffers in float64 (the
+    model itself is left as it is). Its tensors are converted one by one, not
+    cloned first, so the copy costs the float64 bytes alone."""
+    import copy
+    import torch
+    memo = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in memo:
+            continue
+        d = t.detach().to(torch.float64) if t.dtype in (torch.float32, torch.float16, torch.bfloat16) \
+            else t.detach().clone()
+        memo[id(t)] = torch.nn.Parameter(d, requires_grad=False) if isinstance(t, torch.nn.Parameter) else d
+    return copy.deepcopy(model, memo)
+
+
+def _float64_speed_ratio(device):
+    """How many times longer float64 work takes than float32 here, at least 2
+    (twice the bytes): a 1024^3 matmul of each, timed after one warm-up."""
+    import time
+    import torch
+    if device.type != "cuda":
+        return 2.0
+    times = []
+    for dtype in (torch.float32, torch.float64):
+        a = torch.ones(1024, 1024, device=device, dtype=dtype)
+        torch.matmul(a, a)
+        torch.cuda.synchronize(device)
+        t0 = time.monotonic()
+        for _ in range(3):
+            torch.matmul(a, a)
+        torch.cuda.synchronize(device)
+        times.append(time.monotonic() - t0)
+        del a
+    return max(2.0, times[1] / max(times[0], 1e-9))
+
+
+def _float_bytes64(tensors):
+    """Bytes of the float tensors among `tensors` once converted to float64."""
+    import torch
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    return sum(t.numel() * 8 for t in tensors if isinstance(t, torch.Tensor) and t.dtype in floats)
+
+
+def _float64_fits(need, device):
+    """(fits, available): whether `need` bytes fit in 80% of what this
+    process's GPU allocator can still get."""
+    import torch
+    if device.type != "cuda":
+        return True, 0
+    try:
+        free, _ = torch.cuda.mem_get_info(device)
+    except Exception:  # noqa: BLE001 - old torch: assume nothing is free
+        return False, 0
+    available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return need <= 0.8 * available, available
+
+
+def _forward_float64(problem, model, set_seed, device):
+    """forward of a float64 copy of model on input set `set_seed` converted to
+    float64 (integer inputs and scalars unchanged). Its own frame holds the
+    copies, so they are freed when it returns or raises."""
+    import torch
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    model64 = _float64_copy(model)
+    inputs = problem.inputs(set_seed, device)
+    for i, v in enumerate(inputs):
+        if isinstance(v, torch.Tensor) and v.dtype in floats:
+            inputs[i] = v.to(torch.float64)
+            del v
+    _seed_everything(set_seed)
+    with torch.no_grad():
+        result = model64(*inputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return problem._outputs(result)
+
+
+def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes):
+    """PyTorch's own rounding error for each float32 output of one input set:
+    the same model and inputs in float64, compared with the float32 outputs.
+
+    `inputs` are the set's (for their sizes), `forward_s` the float32
+    forward's wall time and `peak_forward_bytes` what it allocated on the GPU.
+    Returns ({name: {"rms": RMS of ref32 - ref64, "rel_norm": ||ref32 -
+    ref64|| / ||ref64||}}, note): the note (or None) says why the run was
+    skipped or an output left out. Skipped when no output is float32, when
+    forward fails in float64 (an op without float64 support, a dtype check),
+    when it would take longer than FP64_CHECK_MAX_S (from the float32
+    forward's time and the device's float64 speed) or not fit in GPU memory.
+    Nothing of the float32 model or its outputs changes.
+    """
+    import torch
+    names = [name for name, t in outputs if t.dtype == torch.float32]
+    if not names:
+        return {}, None
+    what = "the float64 run that measures PyTorch's own float32 rounding"
+    keep = "float32 outputs keep the default tolerance"
+    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    ratio = _float64_speed_ratio(device)
+    if forward_s * ratio > limit:
+        return {}, ("%s was skipped: it would take about %.1f s (float32 forward %.2f s, float64 %.0fx slower on "
+                    "this device; limit %.1f s, $KS_FP64_CHECK_MAX_S); %s"
+                    % (what, forward_s * ratio, forward_s, ratio, limit, keep))
+    # The float parameters and inputs again in float64, and forward's own allocations twice over.
+    need = _float_bytes64(list(model.parameters()) + list(model.buffers()) + list(inputs)) + 2 * peak_forward_bytes
+    fits, available = _float64_fits(need, device)
+    if not fits:
+        return {}, ("%s was skipped: it needs about %s of GPU memory and %s is available; %s"
+                    % (what, _human(need), _human(available), keep))
+    oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    errors, left_out, note = {}, [], None
+    try:
+        result = _forward_float64(problem, model, set_seed, device)
+        if len(result) != len(outputs):
+            raise ValueError("forward returns %d outputs in float64, %d in float32" % (len(result), len(outputs)))
+        for (name, t32), (_, t64) in zip(outputs, result):
+            if name not in names:
+                continue
+            if t64.dtype != torch.float64 or t64.shape != t32.shape:
+                left_out.append(name)
+                continue
+            errors[name] = _rounding_error(t32, t64)
+        del result
+    except oom:
+        errors, note = {}, "%s ran out of GPU memory; %s" % (what, keep)
+    except Exception as e:  # noqa: BLE001 - any failure in float64 means "not measured"
+        errors, note = {}, "%s failed (%s: %s); %s" % (what, type(e).__name__, _first_line(e, 200), keep)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the float64 copies, before the next input sets
+    if left_out:
+        note = ("%s gave no float64 result of the same shape for %s (does forward cast to float32?); %s"
+                % (what, ", ".join("'%s'" % n for n in left_out), "it keeps the default tolerance"
+                   if len(left_out) == 1 else "they keep the default tolerance"))
+    for name, e in errors.items():
+        if e["rel_norm"] > MAX_ROUNDING_REL_NORM:
+            extra = ("output '%s': the float32 and float64 references differ by %.3g (relative norm), more than "
+                     "float32 rounding explains (%g): its tolerance is not widened (a problem this ill-conditioned "
+                     "needs a TOLERANCE of its own)" % (name, e["rel_norm"], MAX_ROUNDING_REL_NORM))
+            note = extra if note is None else note + "; " + extra
+    return errors, note
+
+
+def _rounding_error(t32, t64):
+    """{"rms", "rel_norm"} of t32 - t64 over the elements finite in both (chunked)."""
+    import torch
+    a, b = t32.detach().reshape(-1), t64.detach().reshape(-1)
+    ssd = ssr = 0.0
+    count = 0
+    for i in range(0, a.numel(), CHUNK_ELEMENTS):
+        x, y = a[i:i + CHUNK_ELEMENTS].to(torch.float64), b[i:i + CHUNK_ELEMENTS]
+        finite = torch.isfinite(x) & torch.isfinite(y)
+        if not bool(finite.all()):
+            x, y = x[finite], y[finite]
+        d = x - y
+        ssd += float((d * d).sum())
+        ssr += float((y * y).sum())
+        count += x.numel()
+        del x, y, d, finite
+    rms = math.sqrt(ssd / count) if count else 0.0
+    # A float64 reference of zeros that float32 misses: as far from rounding as it gets.
+    rel = math.sqrt(ssd / ssr) if ssr > 0 else (0.0 if ssd == 0 else 1.0)
+    return {"rms": rms, "rel_norm": rel}
 
 
 def _with_scalars(problem, specs, tensors):
@@ -899,7 +1121,8 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     or keeps them on the GPU when `resident` (a _Resident) is given.
 
     Returns the manifest dict (without "files" when out_dir is None; with "ipc"
-    per set when resident).
+    per set when resident). torch.compile is timed by the CompileHelper
+    when one runs (reference --time), else here.
     """
     import torch
     if sets < 1:
@@ -994,11 +1217,21 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
 
         _restore_state(model, snapshot)
         _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
+        if i == 0 and device.type == "cuda":
+            allocated = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         outputs = problem.forward(model, inputs)
         phase("forward")
         if i == 0:
-            check_deterministic(problem, model, snapshot, set_seed, device, outputs)
+            peak_forward = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else 0
+            forward_s = check_deterministic(problem, model, snapshot, set_seed, device, outputs)
             phase("determinism check")
+            _restore_state(model, snapshot)
+            rounding, note = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s,
+                                              peak_forward)
+            if note:
+                notes.add_plain(note)
+            phase("float64 rounding check")
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -1007,7 +1240,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
                                "%d and %d" % (seed + 1, set_seed))
         ohashes = []
         for (name, t), spec in zip(outputs, ospecs):
-            atol, rtol = _tolerance_for(problem, spec["dtype"])
+            atol, rtol = _tolerance_for(problem, spec["dtype"], rounding.get(name))
             st = output_stats(t, atol, rtol)
             for key, msg in degenerate_reasons(name, st, atol, rtol):
                 warnings.add((name, key), msg, i)
@@ -1057,10 +1290,27 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
         _restore_state(model, snapshot)
         phase("writing files")
+        helper = _COMPILE_HELPER[0]
+        ready = False
+        if helper is not None:
+            ready, note = helper.wait_compiled()
+            if note:
+                notes.add_plain(note)
+            phase("waiting for torch.compile in the helper process")
         if resident is not None:
             # The kept inputs themselves, with the scalars in their places.
             timing_sets = [_with_scalars(problem, sig_inputs, t) for t in timing_sets if t is not None]
-        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, compile_model=not ready,
+                                                                phases=phases)
+        if ready:
+            # The helper measures while this process waits: the GPU is one
+            # process's at a time whenever something is timed.
+            t0 = time.monotonic()
+            compiled, note = helper.time_compiled()
+            phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
+            if note:  # it failed after compiling: timed here, as without a helper
+                notes.add_plain(note)
+                eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
         clock[0] = time.monotonic()
         timing = {"eager": eager, "compiled": compiled}
         for w in timing_warnings:
@@ -1084,7 +1334,9 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         phase("export (CUDA IPC)")
 
     manifest = {
-        "signature": make_signature(problem, sig_inputs, params, sig_outputs),
+        "signature": dict(make_signature(problem, sig_inputs, params, sig_outputs),
+                          # PyTorch's own float32 rounding by output (measure_rounding): widens its tolerance.
+                          reference_error=rounding),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "sets": manifest_sets,
@@ -1110,6 +1362,7 @@ def write_manifest(out_dir, manifest):
 
 
 _RESIDENT = None  # reference --resident: what the evaluator maps, alive until stdin closes
+_ANSWER = [None]  # the caller's stdout (main): JSON lines only
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "int8": 1,
@@ -1162,20 +1415,180 @@ def fit_resident(sig, asked, budget):
     return sets, why
 
 
+_COMPILE_HELPER = [None]  # reference --time on a GPU: the CompileHelper, started by main before torch loads
+
+
+class CompileHelper:
+    """torch.compile timed by a helper process that compiles while this one
+    computes the reference.
+
+    torch.compile's first call costs 10-20 s (dynamo, inductor, Triton), on
+    the CPU mostly. The helper (bridge.py time-compiled) starts with this
+    process, imports torch alongside it, builds the same model from the same
+    seed on the same device and the timing input sets from the same seeds,
+    and compiles torch.compile(model) with one call, while this process
+    computes and writes the reference. Then the timings are taken one process
+    at a time, so that nothing else runs on the GPU while either measures:
+    this process waits for the helper's "compiled", times eager, and waits
+    while the helper times the compiled model by timing.py's method (the same
+    Timer.measure, warm-up included; compilation was never inside a measured
+    call). Where the helper skips (too little GPU memory beside the
+    reference, no torch.compile) or fails, this process compiles and times as
+    it would without it. The helper dies with this process.
+    """
+
+    def __init__(self, proc):
+        self._proc = proc
+
+    @staticmethod
+    def start(args):
+        import subprocess
+        if os.environ.get("KS_NO_COMPILE_HELPER"):
+            return None
+
+        def die_with_parent():
+            import ctypes
+            try:
+                ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+            except Exception:  # noqa: BLE001
+                pass
+
+        try:
+            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "time-compiled", args.problem,
+                                     "--seed", str(args.seed), "--sets", str(args.sets), "--device", "cuda"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
+        except OSError:
+            return None
+        return CompileHelper(proc)
+
+    def _read(self):
+        line = self._proc.stdout.readline()
+        try:
+            return json.loads(line) if line.strip() else {"skip": "the helper ended without an answer"}
+        except ValueError:
+            return {"skip": "the helper answered %r" % line[:200]}
+
+    def _give_up(self, why):
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        return "torch.compile was timed in this process, not in the helper: %s" % why
+
+    def wait_compiled(self):
+        """(ready, note): waits until the helper has compiled (or given up)."""
+        msg = self._read()
+        if msg.get("compiled") is True:
+            return True, None
+        return False, self._give_up(msg.get("skip") or msg.get("error", {}).get("message") or str(msg)[:300])
+
+    def time_compiled(self):
+        """(stats, note): lets the helper time, waits for its figures."""
+        try:
+            self._proc.stdin.write(b"go\n")
+            self._proc.stdin.flush()
+        except OSError as e:
+            return None, self._give_up("it went away (%s)" % e)
+        msg = self._read()
+        self._proc.wait()
+        if isinstance(msg.get("timing"), dict):
+            return msg["timing"], None
+        return None, self._give_up(msg.get("skip") or msg.get("error", {}).get("message") or str(msg)[:300])
+
+
+def cmd_time_compiled(problem, args):
+    """The helper of CompileHelper (see there): {"skip": why} when it does
+    not fit beside the reference or torch cannot compile; else
+    {"compiled": true} as an intermediate line, then, after a line on stdin,
+    {"timing": timing.py's figures for torch.compile(model)}."""
+    import torch
+    import timing as ks_timing
+    if not hasattr(torch, "compile"):
+        return {"skip": "torch %s has no torch.compile" % torch.__version__}
+    meta = _signature_on_meta(problem, args.seed)
+    if meta is None:
+        return {"skip": "the problem's sizes are not known without running it"}
+    device = resolve_device(problem, args.device)
+    model, inputs, result = meta
+    sig = {"inputs": input_specs(problem, model, inputs), "parameters": parameter_specs(problem, model),
+           "outputs": output_specs(problem, problem._outputs(result))}
+    del model, inputs, result
+    par, inp, out = _spec_bytes(sig["parameters"]), _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"])
+    free, _ = torch.cuda.mem_get_info(device)
+    # What the reference process will hold (fit_resident's rule, whichever
+    # path it takes) comes first; the helper takes what is left, with margin.
+    main_sets, _ = fit_resident(sig, args.sets, int(0.9 * free))
+    spare = 0.9 * free - (4 * par + 2 * out + max(main_sets, 1) * (3 * inp + out))
+    k = min(2, args.sets)
+    while k > 1 and par + k * inp + 2 * out > 0.5 * spare:
+        k -= 1
+    if par + k * inp + 2 * out > 0.5 * spare:
+        return {"skip": "its copy of the model and an input set (%s) would not fit beside the reference"
+                % _human(par + k * inp + 2 * out)}
+    model = problem.build_model(args.seed, device)
+    sets = [problem.inputs(args.seed + 1 + i, device) for i in range(k)]
+    try:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*sets[0])
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - the reference process compiles again and reports it
+        return {"skip": "torch.compile failed here: %s: %s" % (type(e).__name__, _first_line(e, 200))}
+    _answer_line({"compiled": True})
+    if not sys.stdin.readline().strip():
+        return {"skip": "cancelled"}
+    with torch.no_grad():
+        stats = ks_timing.Timer(device).measure(compiled, sets)
+    return {"timing": stats}
+
+
+def _answer_line(obj):
+    """One JSON line on the caller's stdout, before the final answer (main's emit)."""
+    _ANSWER[0].write(json.dumps(obj, allow_nan=False) + "\n")
+    _ANSWER[0].flush()
+
+
+def _files_request():
+    """reference --then-files: the caller's one-line request on stdin after
+    the signature: {"out": DIR, "sets": K, "time": bool}, or None when it
+    closed stdin (it found what it needed elsewhere, or gave up)."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    try:
+        req = json.loads(line)
+        return str(req["out"]), int(req["sets"]), bool(req.get("time", False))
+    except (ValueError, KeyError, TypeError) as e:
+        raise BridgeError("bad_arguments", "bridge.py: bad request after the signature: %s: %r" % (e, line[:200]))
+
+
 def cmd_reference(problem, args):
     global _RESIDENT
-    if args.resident:
+    if args.resident or args.then_files:
         if args.out:
-            raise BridgeError("bad_arguments", "reference takes --out DIR or --resident, not both")
+            raise BridgeError("bad_arguments", "reference takes --out DIR, or --resident / --then-files, not both")
         sets, warning = args.sets, None
-        if args.resident_min_bytes is not None or args.device_budget:
+        if args.resident_min_bytes is not None or args.device_budget or args.then_files:
             # The caller has no signature yet: shape inference here, in the
             # process that has torch imported already, decides.
             sig = cmd_signature(problem, args)
             total = _spec_bytes(sig["parameters"]) + args.sets * (_spec_bytes(sig["inputs"]) +
                                                                   _spec_bytes(sig["outputs"]))
-            if args.resident_min_bytes is not None and total < args.resident_min_bytes:
+            stays = args.resident and (args.resident_min_bytes is None or total >= args.resident_min_bytes)
+            if not stays and not args.then_files:
                 return {"resident": False, "signature": sig}
+            if not stays:
+                # Too small to keep on the GPU: the caller sizes the file
+                # cache entry from the signature and asks this process, which
+                # has torch imported already, to write it (one python start,
+                # not two).
+                _answer_line({"resident": False, "signature": sig})
+                req = _files_request()
+                if req is None:
+                    return None
+                out, sets, do_time = req
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time)
+                write_manifest(out, manifest)
+                return manifest
             sets, why = fit_resident(sig, args.sets, args.device_budget)
             if sets < min(args.sets, 2):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
@@ -1188,7 +1601,7 @@ def cmd_reference(problem, args):
             manifest["warnings"].insert(0, warning)
         return manifest
     if not args.out:
-        raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident)")
+        raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident / --then-files)")
     manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
     write_manifest(args.out, manifest)
     return manifest
@@ -1240,7 +1653,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser():
     p = _Parser(prog="bridge.py", description="kernelsearch reference bridge")
     sub = p.add_subparsers(dest="command")
-    for name in ("signature", "reference", "check"):
+    for name in ("signature", "reference", "check", "time-compiled"):
         s = sub.add_parser(name)
         s.add_argument("problem")
         s.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -1250,6 +1663,7 @@ def _parser():
             s.add_argument("--out")
             s.add_argument("--time", action="store_true")
             s.add_argument("--resident", action="store_true")
+            s.add_argument("--then-files", action="store_true")
             s.add_argument("--resident-min-bytes", type=int, default=None)
             s.add_argument("--device-budget", type=int, default=0)
     s = sub.add_parser("peaks")
@@ -1263,6 +1677,7 @@ def main(argv):
     # The JSON answer goes to the original stdout; everything else (the problem's
     # prints, torch's warnings, C extensions writing to fd 1) goes to stderr.
     answer = os.fdopen(os.dup(1), "w")
+    _ANSWER[0] = answer
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timing.py
@@ -1279,6 +1694,9 @@ def main(argv):
     except _ArgumentError as e:
         return emit({"error": {"kind": "bad_arguments", "message": "bridge.py: %s" % e, "detail": ""}},
                     EXIT_BAD_PROBLEM)
+    if args.command == "reference" and args.time and args.device == "cuda":
+        # Before torch loads here: the helper's own import runs alongside.
+        _COMPILE_HELPER[0] = CompileHelper.start(args)
     try:
         import torch  # noqa: F401 - fail here, clearly, when torch is missing
     except ImportError as e:
@@ -1289,8 +1707,11 @@ def main(argv):
         if args.command == "peaks":
             return emit(cmd_peaks(args), 0)
         problem = Problem(args.problem).load()
-        result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check}[args.command](
+        result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check,
+                  "time-compiled": cmd_time_compiled}[args.command](
             problem, args)
+        if result is None:  # the caller closed stdin instead of asking for more
+            return 0
         code = emit(result, 0)
         hold_resident()
         return code
@@ -1314,4 +1735,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    # The answer is out and the files are written: the interpreter's teardown
+    # (CUDA, torch, inductor's compile workers) would only keep the caller waiting.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
