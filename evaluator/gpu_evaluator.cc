@@ -461,12 +461,10 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   take_errors();
   // Every input set, not only the one each run read: a run must not plant
   // data in another set's buffers (or their padding) for a later run to find.
-  if (auto diff = CountDiffWords(arena_.get(), pristine_.get(), inputs_end_); !diff.ok()) {
-    return finish(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
-  } else if (*diff) {
-    d_->cuMemcpyDtoD(arena_.get(), pristine_.get(), inputs_end_);
-    return finish(EvalStatus::kIncorrect, "the candidate modified " + std::to_string(*diff) +
-                                              " 4-byte words of the input buffers (another input set's, or padding)");
+  {
+    RunResult inputs;
+    CheckEveryInputSet(inputs);
+    if (inputs.status != EvalStatus::kCorrect) return finish(inputs.status, inputs.message);
   }
   // As timing.py: the on-stream series, unless work consistently outlived the stream.
   constexpr double kSyncSlackMs = 0.1;

@@ -177,6 +177,9 @@ class GpuEvaluator : public CandidateEvaluator {
   RunResult RunOnce(int set, bool split = false);
   // The checks after a run on `set` (outputs, inputs, guards), into r.
   void CheckRun(int set, RunResult& r);
+  // Every input set and its padding against the pristine copy (restored when
+  // changed): r becomes incorrect when a run wrote into any of them.
+  void CheckEveryInputSet(RunResult& r);
   // `runs` warm-up runs in one worker request, from input set `first_set` on,
   // then the checks of the last run and of every input set.
   RunResult WarmUp(int runs, int first_set, double estimate_ms);

@@ -159,6 +159,11 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double est
   CheckRun((first_set + runs - 1) % sets, r);
   if (r.status != EvalStatus::kCorrect) return r;
   // ... and every input set: an earlier run may have written into another set.
+  CheckEveryInputSet(r);
+  return r;
+}
+
+void GpuEvaluator::CheckEveryInputSet(RunResult& r) {
   auto diff = CountDiffWords(arena_.get(), pristine_.get(), inputs_end_);
   if (!diff.ok()) {
     r.status = EvalStatus::kRuntimeError;
@@ -169,7 +174,6 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double est
     r.message = "the candidate modified " + std::to_string(*diff) +
                 " 4-byte words of the input buffers (another input set's, or padding)";
   }
-  return r;
 }
 
 bool GpuEvaluator::ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r) {
