@@ -18,6 +18,7 @@
 #include "search/evaluator_factory.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
+#include "search/search_setup.h"
 #include "search/suite.h"
 #include "evaluator/cuda_driver.h"
 #include "store/lineage_store.h"
@@ -110,14 +111,24 @@ class Progress {
   std::string step_first_error_;
 };
 
-StatusOr<std::unique_ptr<LlmClient>> MakeClient(const SearchFlags& f, const SearchConfig& config) {
-  LlmFlags flags = f.llm;
-  flags.config.spec = config.model;
-  flags.config.cancel = &g_interrupted;
-  flags.role_models.clear();
-  for (const auto& [role, spec] : config.role_models) flags.role_models.push_back(role + "=" + spec);
-  if (flags.config.spec.empty()) return InvalidArgument("no model: pass --model SPEC (or set \"model\" in --config)");
-  return MakeLlmClientFromFlags(flags);
+// What every model client of a search shares (keys, timeouts, prices, the
+// transcript, the interrupt); the spec and the per-role specs come from the
+// search's config (search/search_setup.h).
+LlmConfig BaseLlmConfig(const LlmFlags& flags) {
+  LlmConfig c = flags.config;
+  if (flags.temperature >= 0) c.temperature = flags.temperature;
+  if (flags.max_tokens > 0) c.max_tokens = flags.max_tokens;
+  c.cancel = &g_interrupted;
+  return c;
+}
+
+// A slow phase says what it is doing, on stderr, unless --quiet or --json.
+std::function<void(const std::string&)> PhasePrinter(bool quiet, bool json) {
+  if (quiet || json) return nullptr;
+  return [](const std::string& what) {
+    std::fprintf(stderr, "%s...\n", what.c_str());
+    std::fflush(stderr);
+  };
 }
 
 // The search config the flags describe: --config's file, then the flags given.
@@ -159,6 +170,7 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   }
   if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
   if (f.no_bank) config.bank = false;
+  if (f.allow_degenerate) config.allow_degenerate = true;
   KS_RETURN_IF_ERROR(config.Validate());
   return config;
 }
@@ -205,122 +217,70 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
 int RunSearch(SearchFlags& f, CLI::App* sub) {
   auto store = store::LineageStore::Open(DbPath(f.db));
   if (!store.ok()) return ReportError(store.status());
-  int64_t search_id = f.resume;
-  std::string problem_file;
-  SearchConfig config;
+  SetupOptions so;
+  so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
+  so.llm = BaseLlmConfig(f.llm);
+  so.on_phase = PhasePrinter(f.quiet, f.json);
+  const bool fake = f.evaluator == "fake" || f.evaluator.rfind("fake:", 0) == 0;
+  // Without a GPU a continuous search cannot evaluate: say so before anything
+  // is written (the model side of a split search needs none).
+  if (!f.generate_only && !fake) {
+    std::string why;
+    if (!GpuAvailable(&why))
+      return ReportError(FailedPrecondition(
+          "this search needs a GPU to evaluate candidates (" + why +
+          "); run the model side here with --generate-only [--gpu NAME] and `kernelsearch evaluate-pending` "
+          "on a GPU node, or try the tool with --evaluator fake"));
+  }
+  std::unique_ptr<SearchSetup> setup;
   if (f.resume) {
-    auto search = (*store)->GetSearch(f.resume);
-    if (!search.ok()) return ReportError(search.status());
-    auto c = SearchConfigFromJson(nlohmann::json::parse(search->config_json, nullptr, false));
-    if (!c.ok()) return ReportError(c.status());
-    config = *c;
-    auto problem = (*store)->GetProblem(search->problem_id);
-    if (!problem.ok()) return ReportError(problem.status());
-    auto file = StoredProblemFile(*problem);
-    if (!file.ok()) return ReportError(file.status());
-    problem_file = *file;
     // A different model may be named for the rest of a resumed search (a key
-    // changed, a server moved); the tree's shape stays as stored.
-    if (sub->count("--model")) config.model = f.llm.config.spec;
+    // changed, a server moved, a model failed); the tree's shape stays as stored.
+    auto opened = SearchSetup::Open(store->get(), f.resume, so, sub->count("--model") ? f.llm.config.spec : "");
+    if (!opened.ok()) return ReportError(opened.status());
+    setup = std::move(*opened);
   } else {
     if (f.problem.empty()) return ReportError(InvalidArgument("search: give a PROBLEM file or --resume ID"));
-    problem_file = f.problem;
-    if (std::filesystem::is_directory(problem_file))
-      return ReportError(InvalidArgument(problem_file + " is a directory: search many problems with `kernelsearch suite " +
-                                         problem_file + "`"));
-    auto c = ConfigFromFlags(f, sub);
-    if (!c.ok()) return ReportError(c.status());
-    config = *c;
-  }
-
-  // A degenerate reference (outputs all zero, constant, independent of the
-  // input, or NaN) cannot tell a right kernel from a wrong one: refuse it
-  // unless the user says otherwise. Without torch here (--signature), the GPU
-  // node's evaluator still warns when it prepares the reference.
-  if (!f.resume && f.signature_file.empty() && !f.allow_degenerate) {
-    auto warnings = CheckProblem(problem_file, BridgeOptions{.python = f.python});
-    if (!warnings.ok()) return ReportError(warnings.status());
-    if (!warnings->empty()) {
-      std::string why;
-      for (const auto& w : *warnings) why += "\n  - " + w;
-      return ReportError(InvalidArgument(problem_file + " has a degenerate reference; its outputs cannot tell a "
-                                            "correct kernel from a wrong one:" + why +
-                                            "\n(pass --allow-degenerate to search anyway)"));
-    }
-  }
-
-  // The evaluator first: a search that cannot evaluate must fail before it
-  // spends anything on the model.
-  std::unique_ptr<CandidateEvaluator> evaluator;
-  std::optional<GpuFacts> measured_gpu;
-  if (!f.generate_only) {
-    auto made = MakeSearchEvaluator(problem_file,
-                                    {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
-    if (!made.ok()) return ReportError(made.status());
-    evaluator = std::move(made->evaluator);
-    // What the prompts say about the GPU is fixed when the search is created:
-    // the evaluator's measured facts, with --gpu naming it differently.
-    if (!f.resume && made->gpu) {
-      config.gpu = *made->gpu;
-      if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
-    }
-    if (!f.resume && config.gpu.name.empty()) config.gpu.name = evaluator->DeviceName();
-    measured_gpu = made->gpu;
-  } else if (!f.resume && !f.gpu_name.empty()) {
-    // The model side of a split search: the facts a GPU node of that name
-    // measured, if one ever reported to this store.
-    auto facts = (*store)->LatestGpuFacts(f.gpu_name);
-    if (!facts.ok()) return ReportError(facts.status());
-    nlohmann::json j = *facts ? nlohmann::json::parse(**facts, nullptr, false) : nlohmann::json();
-    if (j.is_object()) {
-      config.gpu = GpuFactsFromJson(j);
-      config.gpu.name = f.gpu_name;
-    } else {
-      std::fprintf(stderr,
-                   "kernelsearch: no device facts for GPU '%s' in %s yet: prompts say its figures are unknown "
-                   "until `kernelsearch evaluate-pending` on that GPU has measured them\n",
-                   f.gpu_name.c_str(), (*store)->path().c_str());
-    }
-  }
-  auto llm = MakeClient(f, config);
-  if (!llm.ok()) return ReportError(llm.status());
-  auto prompts = PromptLibrary::LoadDefault();
-  if (!prompts.ok()) return ReportError(prompts.status());
-
-  if (!f.resume) {
-    auto source = ReadFile(problem_file);
-    if (!source.ok()) return ReportError(source.status());
-    Signature sig;
+    if (std::filesystem::is_directory(f.problem))
+      return ReportError(InvalidArgument(f.problem + " is a directory: search many problems with `kernelsearch suite " +
+                                         f.problem + "`"));
+    auto config = ConfigFromFlags(f, sub);
+    if (!config.ok()) return ReportError(config.status());
+    NewSearchRequest request{.problem_file = f.problem, .config = *config, .gpu_name = f.gpu_name, .python = f.python};
     if (!f.signature_file.empty()) {
       auto text = ReadFile(f.signature_file);
       if (!text.ok()) return ReportError(text.status());
       auto parsed = SignatureFromJson(nlohmann::json::parse(*text, nullptr, false));
       if (!parsed.ok()) return ReportError(parsed.status().WithContext(f.signature_file));
-      sig = *parsed;
-    } else {
-      auto loaded = LoadProblemSignature(problem_file, BridgeOptions{.python = f.python});
-      if (!loaded.ok()) return ReportError(loaded.status());
-      sig = *loaded;
+      request.signature = *parsed;
     }
-    auto id = Orchestrator::CreateSearch(store->get(), problem_file, *source, sig, config);
-    if (!id.ok()) return ReportError(id.status());
-    search_id = *id;
-    if (!f.quiet && !f.json) std::fprintf(stderr, "search %lld (resume with --resume %lld)\n",
-                                          static_cast<long long>(search_id), static_cast<long long>(search_id));
+    auto created = SearchSetup::Create(store->get(), request, so);
+    if (!created.ok()) return ReportError(created.status());
+    setup = std::move(*created);
+    if (!f.quiet && !f.json)
+      std::fprintf(stderr, "search %lld (resume with --resume %lld)\n", static_cast<long long>(setup->search_id()),
+                   static_cast<long long>(setup->search_id()));
   }
-
-  if (measured_gpu) {
-    Status st = (*store)->PutGpuFacts(measured_gpu->name, GpuFactsToJson(*measured_gpu).dump(), search_id);
-    if (!st.ok()) return ReportError(st);
+  SearchSetup& s = *setup;
+  // Said even with --quiet: what the prompts will claim about the GPU matters.
+  for (const auto& note : s.notes()) std::fprintf(stderr, "kernelsearch: %s\n", note.c_str());
+  // The GPU side: the reference is computed (or reused) and checked before
+  // anything is spent on the model; a reference that cannot judge kernels
+  // stops the search here, recorded as failed with the reason.
+  if (!f.generate_only) {
+    Status st = s.PrepareEvaluator();
+    if (!st.ok()) return ReportError(st.WithContext("search " + std::to_string(s.search_id())));
   }
+  auto prompts = PromptLibrary::LoadDefault();
+  if (!prompts.ok()) return ReportError(prompts.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   Progress progress(f.quiet, f.json);
-  Orchestrator orch({.store = store->get(), .llm = llm->get(), .evaluator = evaluator.get(),
-                     .prompts = &*prompts, .cancel = &g_interrupted},
+  Orchestrator orch({.store = store->get(), .llm = s.llm(), .evaluator = s.evaluator(), .prompts = &*prompts,
+                     .cancel = &g_interrupted},
                     [&](const SearchEvent& e) { progress(e); });
-  auto out = orch.Run(search_id, f.generate_only ? Orchestrator::Mode::kGenerateOnly : Orchestrator::Mode::kContinuous);
-  if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
+  auto out = orch.Run(s.search_id(), f.generate_only ? Orchestrator::Mode::kGenerateOnly : Orchestrator::Mode::kContinuous);
+  if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(s.search_id())));
   return PrintOutcome(*out, f.json);
 }
 
@@ -428,7 +388,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
     std::string why;
     if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("a suite needs a GPU to evaluate candidates: " + why));
   }
-  auto llm = MakeClient(f, config);
+  auto llm = MakeSearchModel(config, BaseLlmConfig(f.llm));
   if (!llm.ok()) return ReportError(llm.status());
   auto prompts = PromptLibrary::LoadDefault();
   if (!prompts.ok()) return ReportError(prompts.status());
@@ -440,28 +400,11 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
   if (!f.json) std::fprintf(stderr, "suite %lld (resume with `kernelsearch suite --resume %lld`)\n",
                             static_cast<long long>(suite_id), static_cast<long long>(suite_id));
 
-  BridgeOptions bridge{.python = f.python};
-  SuiteRunner::Hooks hooks;
-  hooks.signature = [&](const std::string& file) -> StatusOr<Signature> {
-    // As a single search: a degenerate reference cannot tell a right kernel from a wrong one.
-    if (!f.allow_degenerate) {
-      KS_ASSIGN_OR_RETURN(std::vector<std::string> warnings, CheckProblem(file, bridge));
-      if (!warnings.empty()) {
-        std::string why;
-        for (const auto& w : warnings) why += (why.empty() ? "" : "; ") + w;
-        return InvalidArgument("degenerate reference (" + why + "); --allow-degenerate to search anyway");
-      }
-    }
-    return LoadProblemSignature(file, bridge);
-  };
-  hooks.evaluator = [&](const std::string& file) {
-    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
-  };
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   SuiteProgress progress(f.quiet, f.json);
   SuiteRunner runner({.store = store->get(), .llm = llm->get(), .prompts = &*prompts, .cancel = &g_interrupted,
-                      .hooks = hooks},
+                      .evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus}},
                      [&](const SuiteEvent& e) { progress(e); });
   auto report = runner.Run(suite_id);
   if (!report.ok()) return ReportError(report.status().WithContext("suite " + std::to_string(suite_id)));
@@ -494,23 +437,26 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
   std::signal(SIGTERM, OnSignal);
   Progress progress(f.quiet, f.json);
   int64_t total = 0;
+  int refused = 0;
   for (const auto& [search_id, n] : per_search) {
-    auto search = (*store)->GetSearch(search_id);
-    if (!search.ok()) return ReportError(search.status());
-    auto problem = (*store)->GetProblem(search->problem_id);
-    if (!problem.ok()) return ReportError(problem.status());
-    auto file = StoredProblemFile(*problem);
-    if (!file.ok()) return ReportError(file.status());
-    auto made =
-        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
-    if (!made.ok()) return ReportError(made.status());
-    // What this GPU node measured goes into the store, so that the model side
-    // tells the model true figures (search --generate-only --resume / --gpu NAME).
-    if (made->gpu) {
-      Status st = (*store)->PutGpuFacts(made->gpu->name, GpuFactsToJson(*made->gpu).dump(), search_id);
-      if (!st.ok()) return ReportError(st);
+    SetupOptions so;
+    so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
+    so.need_model = false;
+    so.on_phase = PhasePrinter(f.quiet, f.json);
+    auto setup = SearchSetup::Open(store->get(), search_id, so);
+    Status st = setup.ok() ? (*setup)->PrepareEvaluator() : setup.status();
+    if (!st.ok()) {
+      // The problem's fault (a reference that cannot judge kernels) stops
+      // that search, recorded as failed; the other searches go on. Anything
+      // else (no GPU, no torch) stops here.
+      const bool problems_fault =
+          st.code() == Code::kInvalidArgument || (!setup.ok() && st.code() == Code::kFailedPrecondition);
+      if (!problems_fault) return ReportError(st.WithContext("search " + std::to_string(search_id)));
+      ReportError(st.WithContext("search " + std::to_string(search_id)));
+      ++refused;
+      continue;
     }
-    Orchestrator orch({.store = store->get(), .evaluator = made->evaluator.get(), .cancel = &g_interrupted},
+    Orchestrator orch({.store = store->get(), .evaluator = (*setup)->evaluator(), .cancel = &g_interrupted},
                       [&](const SearchEvent& e) { progress(e); });
     auto out = orch.EvaluatePending(search_id);
     if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
@@ -527,7 +473,7 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
                   static_cast<long long>(search_id));
     }
   }
-  return kExitOk;
+  return refused > 0 ? kExitUsage : kExitOk;
 }
 
 // The options a single search and a suite share: the search's shape, budgets,

@@ -76,7 +76,10 @@ Status Orchestrator::SearchRun::Load() {
 }
 
 Status Orchestrator::SearchRun::LoadMeasuredFacts() {
-  if (problem_.gpu.sm_count > 0 && problem_.gpu.memory_bandwidth_gbps > 0) return Status::Ok();
+  // Measured facts in the config are final; datasheet figures give way to what
+  // the GPU side measured as soon as it has reported.
+  if (problem_.gpu.sm_count > 0 && problem_.gpu.memory_bandwidth_gbps > 0 && !problem_.gpu.from_datasheet())
+    return Status::Ok();
   KS_ASSIGN_OR_RETURN(auto facts, store_->LatestGpuFactsForSearch(search_id_));
   if (!facts && !problem_.gpu.name.empty()) {
     KS_ASSIGN_OR_RETURN(facts, store_->LatestGpuFacts(problem_.gpu.name));

@@ -100,22 +100,26 @@ std::string GpuFactsText(const GpuFacts& g) {
   // A zero or blank figure would read as a fact ("0 SMs"); an unmeasured one is
   // said to be unknown instead (a split search before its GPU node reported).
   auto known = [](auto v, const std::string& text) { return v ? text : std::string("unknown"); };
-  std::string out = fmt::format("- {} (compute capability {}), {} SMs\n", g.name.empty() ? "GPU model unknown" : g.name,
+  // Datasheet figures (a split search before its GPU node measured the GPU)
+  // say so: bandwidth and peaks are the vendor's, not what a kernel reaches.
+  const bool sheet = g.from_datasheet();
+  std::string out = fmt::format("- {} (compute capability {}), {} SMs{}\n", g.name.empty() ? "GPU model unknown" : g.name,
                                 g.compute_capability.empty() ? "unknown" : g.compute_capability,
-                                known(g.sm_count, std::to_string(g.sm_count)));
+                                known(g.sm_count, std::to_string(g.sm_count)),
+                                sheet ? " (datasheet figures: not measured on this GPU yet)" : "");
   out += "- Shared memory: " + known(g.shared_bytes_per_block, Bytes(g.shared_bytes_per_block)) +
          " per block (opt-in maximum)";
   if (g.shared_bytes_per_sm) out += ", " + Bytes(g.shared_bytes_per_sm) + " per SM";
   out += "\n- L2 cache: " + known(g.l2_bytes, Bytes(g.l2_bytes)) + "\n";
   if (g.registers_per_sm) out += fmt::format("- Registers: {} per SM\n", g.registers_per_sm);
-  out += "- Memory bandwidth (measured): " +
+  out += std::string("- Memory bandwidth (") + (sheet ? "datasheet peak" : "measured") + "): " +
          known(g.memory_bandwidth_gbps > 0, fmt::format("{:.0f} GB/s", g.memory_bandwidth_gbps)) + "\n";
   std::vector<std::string> peaks;
   if (g.fp32_tflops) peaks.push_back(fmt::format("FP32 {:.1f}", g.fp32_tflops));
   if (g.tf32_tflops) peaks.push_back(fmt::format("TF32 tensor cores {:.0f}", g.tf32_tflops));
   if (g.fp16_tensor_tflops) peaks.push_back(fmt::format("FP16/BF16 tensor cores {:.0f}", g.fp16_tensor_tflops));
   if (peaks.empty()) return out + "- Compute peaks: unknown";
-  out += "- Dense matmul peaks (measured, cuBLAS), TFLOP/s: ";
+  out += sheet ? "- Dense matmul peaks (datasheet), TFLOP/s: " : "- Dense matmul peaks (measured, cuBLAS), TFLOP/s: ";
   for (size_t i = 0; i < peaks.size(); ++i) out += (i ? ", " : "") + peaks[i];
   return out;
 }

@@ -36,6 +36,11 @@ struct GpuFacts {
   int max_threads_per_sm = 0;
   int max_blocks_per_sm = 0;
   int max_registers_per_thread = 0;        // 255 on every GPU of compute capability 3.5 and later
+  // Where the figures come from: "" = measured on the device (the evaluator);
+  // "datasheet" = the vendor's figures (search/gpu_datasheet.h), used by the
+  // model side of a split search until its GPU side has measured the GPU.
+  std::string source;
+  bool from_datasheet() const { return source == "datasheet"; }
 };
 
 // The kernel a round starts from: a correct candidate with its evaluation, or

@@ -132,7 +132,10 @@ void JobManager::RunJob(const std::shared_ptr<Job>& job) {
     // pending again, so that the next server resumes it.
     mark = store_->SetSearchStatus(id, store::SearchStatus::kPending, "interrupted by server shutdown");
   } else if (!st.ok()) {
-    mark = store_->SetSearchStatus(id, store::SearchStatus::kFailed, st.ToString());
+    // A runner that recorded the failure itself (a reference that cannot
+    // judge kernels) keeps its reason, which says what to do.
+    if (now != store::SearchStatus::kFailed)
+      mark = store_->SetSearchStatus(id, store::SearchStatus::kFailed, st.ToString());
   } else if (!IsTerminal(now)) {
     mark = store_->SetSearchStatus(id, store::SearchStatus::kFinished, row.ok() ? row->stop_reason : "");
   }

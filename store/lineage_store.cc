@@ -175,6 +175,15 @@ Status LineageStore::SetSearchStatus(int64_t id, SearchStatus status, const std:
   return Status::Ok();
 }
 
+Status LineageStore::SetSearchConfig(int64_t id, const std::string& config_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, std::string("UPDATE searches SET config_json = ?, updated = ") + kNow + " WHERE id = ?");
+  u.Bind(1, config_json).Bind(2, id);
+  KS_RETURN_IF_ERROR(u.Run());
+  if (sqlite3_changes(db_.get()) == 0) return NotFound("no search with id " + std::to_string(id));
+  return Status::Ok();
+}
+
 Status LineageStore::AddSearchElapsed(int64_t id, double seconds) {
   if (!(seconds >= 0)) return InvalidArgument("elapsed time must be non-negative");
   std::lock_guard<std::mutex> lock(mu_);

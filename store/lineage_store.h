@@ -221,6 +221,9 @@ class LineageStore {
   StatusOr<int64_t> CreateSearch(int64_t problem_id, const std::string& config_json);
   StatusOr<SearchRow> GetSearch(int64_t id);
   Status SetSearchStatus(int64_t id, SearchStatus status, const std::string& stop_reason);
+  // Replaces the stored config (only what describes the environment changes
+  // after creation: measured GPU facts replacing datasheet or unknown ones).
+  Status SetSearchConfig(int64_t id, const std::string& config_json);
   Status SetBestCandidate(int64_t search_id, std::optional<int64_t> candidate_id);
   // Adds wall time spent on the search (atomically, so that processes working
   // on the same search add up rather than overwrite).
