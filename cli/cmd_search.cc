@@ -2,6 +2,8 @@
 // or the model side of a split search) and evaluating what a split search left
 // pending. The lineage store is $KS_DB, else ~/.local/share/kernelsearch/lineage.db
 // (XDG_DATA_HOME respected); --db overrides.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -64,6 +66,15 @@ struct SearchFlags {
 
 std::string DbPath(const std::string& flag) { return flag.empty() ? store::DefaultDbPath() : flag; }
 
+// A rewritten line ("\r" and an erase) only makes sense on a terminal; in a
+// log it is noise: there, each event is a line of its own and the live status
+// line (rewritten many times a second) is left out.
+bool StderrIsTerminal() {
+  static const bool tty = isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+const char* Rewrite() { return StderrIsTerminal() ? "\r\033[K" : ""; }
+
 // Live progress: one rewritten line on stderr for people, JSON lines on stdout
 // for scripts.
 class Progress {
@@ -80,7 +91,7 @@ class Progress {
     // A step whose model calls failed says so when it ends, whatever --quiet
     // says: a search that silently finds nothing is the worst outcome.
     if ((e.type == SearchEvent::Type::kRoundStarted || e.type == SearchEvent::Type::kFinished) && step_failed_ > 0) {
-      std::fprintf(stderr, "\r\033[K%s%lld model call%s failed; first error: %s\n",
+      std::fprintf(stderr, "%s%s%lld model call%s failed; first error: %s\n", Rewrite(),
                    step_round_ >= 0 ? fmt::format("round {}: ", step_round_).c_str() : "",
                    static_cast<long long>(step_failed_), step_failed_ == 1 ? "" : "s", step_first_error_.c_str());
       step_failed_ = 0;
@@ -97,10 +108,14 @@ class Progress {
                          : e.type == SearchEvent::Type::kNewBest
                              ? fmt::format("new best: candidate {} ({:.2f}x)", e.candidate_id, e.speedup.value_or(0))
                              : "finished: " + e.text;
-      std::fprintf(stderr, "\r\033[K%s\n", what.c_str());
+      std::fprintf(stderr, "%s%s\n", Rewrite(), what.c_str());
     }
-    std::fprintf(stderr, "\r\033[K%s", line.c_str());
-    if (e.type == SearchEvent::Type::kFinished) std::fprintf(stderr, "\n");
+    if (StderrIsTerminal()) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      if (e.type == SearchEvent::Type::kFinished) std::fprintf(stderr, "\n");
+    } else if (e.type == SearchEvent::Type::kFinished) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
     std::fflush(stderr);
   }
 
@@ -201,6 +216,13 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
     if (out.pending > 0)
       std::printf("%lld candidates pending: run `kernelsearch evaluate-pending` where the GPU is\n",
                   static_cast<long long>(out.pending));
+    // A search that ends without a kernel says so in its last line.
+    if (out.status == store::SearchStatus::kFailed)
+      std::printf("no correct kernel: the search failed; resume it with `kernelsearch search --resume %lld` "
+                  "(--model SPEC to change the model)\n",
+                  static_cast<long long>(out.search_id));
+    else if (out.status == store::SearchStatus::kFinished && !out.best_candidate)
+      std::printf("no correct kernel found (`kernelsearch show` of a candidate says why it failed)\n");
   }
   if (out.status == store::SearchStatus::kCancelled) return kExitEnv;
   // Model calls were made, every one failed and nothing came of this run: the
@@ -211,6 +233,7 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
                  static_cast<long long>(out.llm_failed_now), out.first_llm_error.c_str());
     return kExitEnv;
   }
+  if (out.status == store::SearchStatus::kFailed) return kExitFailed;
   return kExitOk;
 }
 
@@ -297,12 +320,13 @@ class SuiteProgress {
           Print(nlohmann::json{{"event", "problem_started"}, {"index", e.index}, {"problem", e.problem}});
         } else if (!quiet_) {
           Header();
-          std::fprintf(stderr, "\r\033[K[%d/%d] %s: preparing", e.index + 1, e.count, e.problem.c_str());
+          std::fprintf(stderr, "%s[%d/%d] %s: preparing%s", Rewrite(), e.index + 1, e.count, e.problem.c_str(),
+                       StderrIsTerminal() ? "" : "\n");
           std::fflush(stderr);
         }
         return;
       case SuiteEvent::Type::kSearchProgress: {
-        if (json_ || quiet_ || !e.search) return;
+        if (json_ || quiet_ || !e.search || !StderrIsTerminal()) return;
         const SearchEvent& s = *e.search;
         std::string best = s.best_speedup ? fmt::format("{:.2f}x", *s.best_speedup) : "-";
         std::fprintf(stderr, "\r\033[K[%d/%d] %s: round %d | evaluated %lld (%lld failed) | best %s | %lld calls",
@@ -320,7 +344,7 @@ class SuiteProgress {
           Print(j);
         } else {
           Header();
-          if (!quiet_) std::fprintf(stderr, "\r\033[K");
+          if (!quiet_) std::fprintf(stderr, "%s", Rewrite());
           std::fflush(stderr);
           std::printf("%s", RenderSuiteRow(e.index, e.result).c_str());
           std::fflush(stdout);

@@ -61,6 +61,8 @@ std::string PromptHash(const std::string& role, const std::string& system, const
 
 StatusOr<std::unique_ptr<LineageStore>> LineageStore::Open(const std::string& path, const Options& options) {
   if (path.empty()) return InvalidArgument("lineage store: empty path");
+  if (options.must_exist && !std::filesystem::exists(path))
+    return NotFound("no lineage store at " + path + " (a search creates it; pick one with --db or $KS_DB)");
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) {
     std::error_code ec;

@@ -198,6 +198,9 @@ class LineageStore {
     // Migrate only up to this version (tests build old files with it); 0 = latest.
     int max_schema_version = 0;
     int busy_timeout_ms = 10000;
+    // Readers (history, show, report): a missing file is NotFound naming it,
+    // rather than a new empty store that hides a typo in --db.
+    bool must_exist = false;
   };
 
   // Opens (creating when absent, with its parent folders) and migrates.
