@@ -22,6 +22,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
+#include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 #include "server/client.h"
 #include "store/lineage_store.h"
@@ -272,6 +273,37 @@ TEST(FirstHourServer, ADegenerateProblemSubmittedIsStoppedWithTheCliMessage) {
   EXPECT_NE(why.find("--allow-degenerate"), std::string::npos) << last.DebugString();
   EXPECT_EQ(h.LlmCallsStarted(), 0u) << "model calls were made for a problem that cannot be judged";
   EXPECT_EQ(h.Terminate(), "exit code 0");
+}
+
+}  // namespace
+}  // namespace ks::e2e
+
+namespace ks::e2e {
+namespace {
+
+// `kernelsearch doctor`: one line per check; on a machine without a GPU it
+// names that and says what to do, and still checks the rest.
+TEST(FirstHourDoctor, OneLinePerCheckWithWhatToDo) {
+  SubprocessOptions o;
+  o.argv = {KS_CLI_BINARY, "doctor", "--model", "command:cat", "--db",
+            (std::filesystem::temp_directory_path() / "ks_doctor_none.db").string()};
+  o.timeout_s = 120;
+  auto r = RunSubprocess(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (const char* check : {"GPU", "NVRTC", "python + torch", "reference cache", "lineage store", "Nsight Compute",
+                            "model"})
+    EXPECT_NE(r->out.find(std::string("  ") + check), std::string::npos) << check << " missing in:\n" << r->out;
+  EXPECT_NE(r->out.find("ok    model            command:cat answered"), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("NVRTC            13."), std::string::npos) << r->out;
+  EXPECT_NE(r->out.find("not created yet"), std::string::npos) << r->out;
+  std::string why;
+  if (!GpuAvailable(&why)) {
+    EXPECT_EQ(r->exit_code, 1) << r->out;
+    EXPECT_NE(r->out.find("FAIL  GPU              none usable here"), std::string::npos) << r->out;
+    EXPECT_NE(r->out.find("-> this machine can still be the model side"), std::string::npos) << r->out;
+  } else {
+    EXPECT_NE(r->out.find("ok    GPU"), std::string::npos) << r->out;
+  }
 }
 
 }  // namespace
