@@ -1,4 +1,4 @@
-"""Launch plans as kernelsearch's evaluator reads them (evaluator/launch_plan.cc),
+"""Launch plans as kernelsearch's evaluator reads them (evaluator/plan/launch_plan.cc),
 for an exported kernel: integer expressions evaluated against the shapes of one
 call's tensors, and each argument turned into what the kernel's parameter takes.
 

@@ -12,7 +12,7 @@
 // time it compiles with the evaluator's NVRTC options and prelude header, and
 // evaluates plan expressions against each call's tensor shapes with the
 // evaluator's rules (ks_launch_plan.py, a Python mirror of
-// evaluator/launch_plan.cc; tests compare the two).
+// evaluator/plan/launch_plan.cc; tests compare the two).
 //
 // The Python is real files, export/kernel_module.py (a template) and
 // export/ks_launch_plan.py (copied as it is), installed as data in
@@ -30,8 +30,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "evaluator/kernel_info.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/kernel_info.h"
+#include "evaluator/plan/launch_plan.h"
 #include "store/lineage_store.h"
 
 namespace ks {

@@ -12,7 +12,7 @@
 
 #include "common/base64.h"
 #include "evaluator/compiler.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 #include "evaluator/worker/worker_serve.h"
 
 namespace {

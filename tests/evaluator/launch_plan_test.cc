@@ -1,4 +1,4 @@
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

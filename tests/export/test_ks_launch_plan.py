@@ -1,5 +1,5 @@
 """export/ks_launch_plan.py on its own: the launch-plan rules of
-evaluator/launch_plan.cc, in pure Python (no torch). That the two agree on many
+evaluator/plan/launch_plan.cc, in pure Python (no torch). That the two agree on many
 plans is export_test's (PythonPlanRulesAgreeWithTheEvaluator and
 PythonPlanRulesAgreeOnGeneratedPlans)."""
 import pytest

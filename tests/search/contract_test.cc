@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "search/prompt_template.h"
 #include "search/prompts.h"
 

@@ -20,7 +20,7 @@
 #include "common/files.h"
 #include "common/subprocess.h"
 #include "evaluator/compiler.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "evaluator/problem.h"
 #include "search/export.h"
 #include "search/search_config.h"
