@@ -61,7 +61,7 @@ TEST(TensorMapTest, ExpressionsAndEveryOption) {
                     {"box", {"min(64, B.shape[1])", 32}},
                     {"element_strides", {1, 2}},
                     {"interleave", "none"},
-                    {"swizzle", "64B"},
+                    {"swizzle", "128B"},
                     {"l2_promotion", "256B"},
                     {"oob_fill", "nan"}});
   ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -70,7 +70,7 @@ TEST(TensorMapTest, ExpressionsAndEveryOption) {
   EXPECT_EQ(m->element_strides[1], 2u);
   EXPECT_EQ(m->l2_promotion, TmaL2Promotion::k256B);
   EXPECT_EQ(m->oob_fill, TmaOobFill::kNan);
-  EXPECT_EQ(m->swizzle, TmaSwizzle::k64B);
+  EXPECT_EQ(m->swizzle, TmaSwizzle::k128B);
 }
 
 TEST(TensorMapTest, FloatTensorsMayBeReadAsTf32) {
