@@ -37,9 +37,12 @@
 namespace ks {
 
 struct ExportOptions {
-  // Any real arch NVRTC accepts for the source: parameter kinds do not depend
-  // on it. The module compiles for the GPU it runs on.
-  std::string arch = "sm_90";
+  // The target to compile for when the candidate's evaluation recorded none
+  // (older records): any NVRTC accepts for the source, since parameter kinds
+  // do not depend on it. A recorded target wins. An exported module compiles
+  // for the GPU it runs on, except that an arch-specific target (sm_90a) is
+  // kept and a GPU of another architecture is refused.
+  std::string arch = "sm_90a";
   std::string worker_path;  // ks-worker; "" = FindWorker
   std::string cuda_home;    // "" = FindCudaHome
 };

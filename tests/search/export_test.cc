@@ -112,7 +112,7 @@ TEST(ExportTemplateTest, TheRealTemplateIsFilledEverywhere) {
   std::string text = *ReadFile(*path);
   std::map<std::string, std::string> values;
   for (const char* k : {"ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED",
-                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME"})
+                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET"})
     values[k] = "v";
   auto r = RenderModuleTemplate(text, values);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -133,7 +133,7 @@ KernelInfo Kernel(const std::string& name, std::vector<ParamKind> kinds) {
   for (ParamKind kind : kinds) {
     ParamInfo p;
     p.kind = kind;
-    p.size = kind == ParamKind::kB32 || kind == ParamKind::kF32 ? 4 : 8;
+    p.size = kind == ParamKind::kB32 || kind == ParamKind::kF32 ? 4 : kind == ParamKind::kBytes ? 128 : 8;
     k.params.push_back(p);
   }
   return k;
@@ -197,7 +197,7 @@ int ExportTest::CompareWithPython(const Signature& sig, const std::vector<PlanCa
 TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
   Signature sig = PlanSignature();
   using K = ParamKind;
-  const auto b64 = K::kB64, b32 = K::kB32, f32 = K::kF32, f64 = K::kF64;
+  const auto b64 = K::kB64, b32 = K::kB32, f32 = K::kF32, f64 = K::kF64, map = K::kBytes;
   std::vector<PlanCase> cases = {
       // What kernels pass: pointers, shapes as int32, numel as int64, a float literal.
       {R"({"launches": [{"kernel": "ln", "grid": ["x.shape[0]"], "block": [256],
@@ -248,6 +248,33 @@ TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
        {Kernel("k", {})}},
       {R"({"launches": [{"kernel": "nope", "grid": [1], "block": [32], "args": []}]})", {Kernel("k", {})}},
       {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32]}], "tensor_maps": []})", {Kernel("k", {})}},
+      // TMA tensor maps: defaults from the tensor, every option, scratch, and each rule.
+      OneLaunch({map, b64}, R"(["tm", "out"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])",
+                R"(, "tensor_maps": [{"name": "tm", "tensor": "out", "dtype": "tfloat32", "dims": ["x.shape[1]", 8],
+                    "byte_strides": ["x.shape[1] * 4"], "box": [32, "n"], "element_strides": [1, 2],
+                    "interleave": "none", "swizzle": "128B", "l2_promotion": "256B", "oob_fill": "nan"}])"),
+      OneLaunch({map}, R"(["tm"])",
+                R"(, "scratch": [{"name": "s", "bytes": 4096}],
+                    "tensor_maps": [{"name": "tm", "tensor": "s", "dtype": "float32", "dims": [32, 32], "box": [32, 32]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "scratch": [{"name": "s", "bytes": 4096}],
+                    "tensor_maps": [{"name": "tm", "tensor": "s", "box": [32, 32]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [64, 8], "swizzle": "128B"}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 512]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [2, 8]}])"),
+      OneLaunch({map}, R"(["tm"])",
+                R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "dims": [1000, 7], "byte_strides": [4004], "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "dims": [1000, 9], "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8], "element_strides": [1, 9]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8], "interleave": "16B"}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8], "swizle": "none"}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "dtype": "float16", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "out", "tensor": "x", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "n", "box": [32]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]},
+                                                           {"name": "tm", "tensor": "out", "box": [32, 8]}])"),
+      OneLaunch({b64}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["x"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]}])"),
       {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32], "stream": 1}]})", {Kernel("k", {})}},
       {R"({"launches": []})", {Kernel("k", {})}},
       {R"J({"launches": [{"kernel": "a", "grid": [1], "block": [32], "args": ["x"]},
