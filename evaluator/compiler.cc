@@ -320,7 +320,7 @@ void CompileServerPool::Release(const std::string& worker, ChildProcess process)
 }
 
 std::string ArchSpecificTarget(const std::string& arch) {
-  static const std::regex kPlain(R"(^sm_(\d)(\d{1,2})$)");
+  static const std::regex kPlain(R"(^sm_(\d+)(\d)$)");  // the major, then the one-digit minor
   std::smatch m;
   if (!std::regex_match(arch, m, kPlain)) return arch;
   // 9.0 is the first architecture with arch-specific features; NVRTC 13 has a
