@@ -48,6 +48,7 @@ __device__ __forceinline__ unsigned long long desc_k128(unsigned addr) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // The tile of a grid of tiles this block computes: groups of GROUP rows of
 // tiles, walked column by column, so blocks running together share A rows
 // and B columns in L2.
@@ -119,9 +120,10 @@ gemm_bf16_tn(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CU
 #pragma unroll
       for (int k = 0; k < BK / 16; ++k) wgmma_bf16_m64n256k16(d, desc_k128(a + 32 * k), desc_k128(b + 32 * k));
       wgmma_commit();
-      wgmma_wait0();
-      if (t == 0) mbar_arrive(bars + 8 * (STAGES + s));
+      wgmma_wait1();
+      if (kt > 0 && t == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
     }
+    wgmma_wait0();
     // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows
     // 16w + lane/4 and +8; register 4j + {0,1} columns 8j + 2(lane%4) + {0,1}.
     const int w = t / 32, l = t % 32;

@@ -58,6 +58,7 @@ __device__ __forceinline__ unsigned long long desc_k128(unsigned addr) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // The tile of a grid of tiles this block computes: groups of GROUP rows of
 // tiles, walked column by column, so blocks running together share A rows
 // and B columns in L2.
@@ -149,9 +150,9 @@ gemm_bf16_tn(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CU
 #pragma unroll
       for (int k = 0; k < BK / 16; ++k) wgmma_bf16_m64n256k16(d, desc_k128(a + 32 * k), desc_k128(b + 32 * k));
       wgmma_commit();
-      wgmma_wait0();
-      if (t == 0) mbar_arrive(bars + 8 * (STAGES + s));
+@RELEASE@
     }
+@DRAIN@
     // Accumulator layout (m64nNk16, f32): warp w of the warpgroup holds rows
     // 16w + lane/4 and +8; register 4j + {0,1} columns 8j + 2(lane%4) + {0,1}.
     const int w = t / 32, l = t % 32;
@@ -284,9 +285,9 @@ sgemm_3xtf32(const __grid_constant__ CUtensorMap tmAhi, const __grid_constant__ 
         wgmma_tf32_m64n128k8(d, desc_k128(ahi + 32 * k), desc_k128(bhi + 32 * k));
       }
       wgmma_commit();
-      wgmma_wait0();
-      if (t == 0) mbar_arrive(bars + 8 * (STAGES + s));
+@RELEASE@
     }
+@DRAIN@
     const int w = t / 32, l = t % 32;
     const int r = m0 + (wg - 1) * 64 + 16 * w + l / 4;
     float* c0 = C + (long long)r * N + n0 + 2 * (l % 4);
@@ -323,14 +324,45 @@ SGEMM_PLAN = '''{
 '''
 
 
+# How a consumer gives a stage back. "wait0": after each K step, wait for its
+# wgmmas and release its stage (the tensor cores idle while the next step is
+# issued). "wait1": keep one step's group in flight; once the previous step's
+# group is done, release the previous stage.
+RELEASE = {
+    "wait0": ("      wgmma_wait0();\n      if (t == 0) mbar_arrive(bars + 8 * (STAGES + s));", ""),
+    "wait1": ("      wgmma_wait1();\n"
+              "      if (kt > 0 && t == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));",
+              "    wgmma_wait0();"),
+}
+
+
+def kernel(template, wgmma, release, group=16):
+    rel, drain = RELEASE[release]
+    return (template.replace("@COMMON@", COMMON).replace("@WGMMA@", wgmma).replace("@RELEASE@", rel)
+            .replace("@DRAIN@", drain).replace("STAGES, 16, &tm", "STAGES, %d, &tm" % group)
+            .replace("M / BM, N / BN, 16, &tm", "M / BM, N / BN, %d, &tm" % group))
+
+
 def write(name, text):
     with open(os.path.join(HERE, name), "w") as f:
         f.write(text)
 
 
-write("gemm_bf16_tn.cu", GEMM_BF16.replace("@COMMON@", COMMON).replace(
-    "@WGMMA@", wgmma_fn("wgmma_bf16_m64n256k16", "m64n256k16", "bf16", 128)))
+BF16_WGMMA = wgmma_fn("wgmma_bf16_m64n256k16", "m64n256k16", "bf16", 128)
+TF32_WGMMA = wgmma_fn("wgmma_tf32_m64n128k8", "m64n128k8", "tf32", 64)
+write("gemm_bf16_tn.cu", kernel(GEMM_BF16, BF16_WGMMA, "wait1"))
 write("gemm_bf16_tn.json", GEMM_PLAN)
-write("sgemm_3xtf32.cu", SGEMM.replace("@COMMON@", COMMON).replace(
-    "@WGMMA@", wgmma_fn("wgmma_tf32_m64n128k8", "m64n128k8", "tf32", 64)))
+write("sgemm_3xtf32.cu", kernel(SGEMM, TF32_WGMMA, "wait1"))
 write("sgemm_3xtf32.json", SGEMM_PLAN)
+# Variants for tuning runs (bench/hopper/variants/, git-ignored): `kernelsearch
+# eval PROBLEM variants/bf16` judges them all against one reference.
+if os.environ.get("KS_VARIANTS"):
+    for sub, template, wg, plan, name in (("bf16", GEMM_BF16, BF16_WGMMA, GEMM_PLAN, "gemm_bf16_tn"),
+                                          ("fp32", SGEMM, TF32_WGMMA, SGEMM_PLAN, "sgemm_3xtf32")):
+        d = os.path.join(HERE, "variants", sub)
+        os.makedirs(d, exist_ok=True)
+        for release in RELEASE:
+            for group in (8, 16):
+                v = "%s_%s_g%d" % (name, release, group)
+                write(os.path.join(d, v + ".cu"), kernel(template, wg, release, group))
+                write(os.path.join(d, v + ".json"), plan)

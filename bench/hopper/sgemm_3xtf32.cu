@@ -48,6 +48,7 @@ __device__ __forceinline__ unsigned long long desc_k128(unsigned addr) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // The tile of a grid of tiles this block computes: groups of GROUP rows of
 // tiles, walked column by column, so blocks running together share A rows
 // and B columns in L2.
@@ -162,9 +163,10 @@ sgemm_3xtf32(const __grid_constant__ CUtensorMap tmAhi, const __grid_constant__ 
         wgmma_tf32_m64n128k8(d, desc_k128(ahi + 32 * k), desc_k128(bhi + 32 * k));
       }
       wgmma_commit();
-      wgmma_wait0();
-      if (t == 0) mbar_arrive(bars + 8 * (STAGES + s));
+      wgmma_wait1();
+      if (kt > 0 && t == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
     }
+    wgmma_wait0();
     const int w = t / 32, l = t % 32;
     const int r = m0 + (wg - 1) * 64 + 16 * w + l / 4;
     float* c0 = C + (long long)r * N + n0 + 2 * (l % 4);

@@ -39,9 +39,9 @@ std::string Bench(const std::string& name) {
 
 // The tile copy's plan with its one tensor map replaced.
 std::string CopyPlan(const std::string& map) {
-  return R"({"tensor_maps": [)" + map + R"(],
+  return R"P({"tensor_maps": [)P" + map + R"P(],
  "launches": [{"kernel": "tile_copy", "grid": ["cdiv(x.shape[1], 32)", "cdiv(x.shape[0], 64)"], "block": [256],
-               "args": ["tm", "out", "x.shape[0]", "x.shape[1]"]}]})";
+               "args": ["tm", "out", "x.shape[0]", "x.shape[1]"]}]})P";
 }
 
 TEST(HopperGpuTest, ATmaTileCopyIsCorrectOnEveryInputSet) {
@@ -96,8 +96,8 @@ TEST(HopperGpuTest, EachBadTensorMapIsRefusedWithItsRule) {
     std::printf("refused: %s\n", e.message.c_str());
   }
   // A map passed where the kernel takes a pointer.
-  Evaluation e = EvalOne(ev, source, R"({"tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 64]}],
-    "launches": [{"kernel": "tile_copy", "grid": [7, 5], "block": [256], "args": ["tm", "tm", "x.shape[0]", "x.shape[1]"]}]})");
+  Evaluation e = EvalOne(ev, source, R"P({"tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 64]}],
+    "launches": [{"kernel": "tile_copy", "grid": [7, 5], "block": [256], "args": ["tm", "tm", "x.shape[0]", "x.shape[1]"]}]})P");
   EXPECT_EQ(e.status, EvalStatus::kInvalidPlan);
   EXPECT_THAT(e.message, HasSubstr("goes to a `const __grid_constant__ CUtensorMap` parameter"));
   // And the evaluator is still fine afterwards.
