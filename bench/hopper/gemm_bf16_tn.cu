@@ -85,7 +85,7 @@ gemm_bf16_tn(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CU
   const unsigned bars = base + STAGES * STAGE_BYTES;               // full[s], then empty[s]: 8 bytes each
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   int tm, tn;
-  tile_of(blockIdx.x, M / BM, N / BN, 16, &tm, &tn);
+  tile_of(blockIdx.x, M / BM, N / BN, 8, &tm, &tn);
   const int m0 = tm * BM, n0 = tn * BN, KT = K / BK;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {

@@ -73,6 +73,7 @@ __device__ __forceinline__ void wgmma_tf32_m64n128k8(float* d, unsigned long lon
 #define BN 128
 #define BK 32
 #define STAGES 3
+#define PROMOTE 2
 #define TILE_BYTES (128 * BK * 4)
 #define STAGE_BYTES (4 * TILE_BYTES)
 
@@ -146,9 +147,13 @@ sgemm_3xtf32(const __grid_constant__ CUtensorMap tmAhi, const __grid_constant__ 
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    float d[64];
+    // The tensor cores' fp32 accumulation drops low bits on each add (seen on
+    // the H100: over all of K = 4096 the error grew to 4.3e-5 of the norm, 3x
+    // the fp32 bound, always in one direction). So wgmma sums only PROMOTE K
+    // steps into d, which is then added into acc by ordinary rounded fp32 adds.
+    float d[64], acc[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0.f;
+    for (int i = 0; i < 64; ++i) d[i] = acc[i] = 0.f;
     for (int kt = 0; kt < KT; ++kt) {
       const int s = kt % STAGES;
       mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
@@ -163,18 +168,24 @@ sgemm_3xtf32(const __grid_constant__ CUtensorMap tmAhi, const __grid_constant__ 
         wgmma_tf32_m64n128k8(d, desc_k128(ahi + 32 * k), desc_k128(bhi + 32 * k));
       }
       wgmma_commit();
-      wgmma_wait1();
-      if (kt > 0 && t == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+      wgmma_wait0();
+      if (t == 0) mbar_arrive(bars + 8 * (STAGES + s));
+      if ((kt + 1) % PROMOTE == 0 || kt == KT - 1) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          acc[i] += d[i];
+          d[i] = 0.f;
+        }
+      }
     }
-    wgmma_wait0();
     const int w = t / 32, l = t % 32;
     const int r = m0 + (wg - 1) * 64 + 16 * w + l / 4;
     float* c0 = C + (long long)r * N + n0 + 2 * (l % 4);
     float* c8 = c0 + 8LL * N;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      *reinterpret_cast<float2*>(c0 + 8 * j) = make_float2(d[4 * j], d[4 * j + 1]);
-      *reinterpret_cast<float2*>(c8 + 8 * j) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+      *reinterpret_cast<float2*>(c0 + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(c8 + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
     }
   }
 }

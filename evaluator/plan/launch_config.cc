@@ -78,4 +78,17 @@ wire::Occupancy QueryOccupancy(const CudaDriver& d, CUfunction fn, const wire::L
   return o;
 }
 
+StatusOr<CUtensorMap> EncodeTensorMap(const CudaDriver& d, const TensorMapSpec& m, CUdeviceptr address) {
+  KS_RETURN_IF_ERROR(CheckTensorMapAddress(m, address));
+  CUtensorMap out;
+  CUresult r = d.cuTensorMapEncodeTiled(
+      &out, static_cast<CUtensorMapDataType>(m.dtype), static_cast<cuuint32_t>(m.rank), reinterpret_cast<void*>(address),
+      m.dims.data(), m.byte_strides.data(), m.box.data(), m.element_strides.data(),
+      static_cast<CUtensorMapInterleave>(m.interleave), static_cast<CUtensorMapSwizzle>(m.swizzle),
+      static_cast<CUtensorMapL2promotion>(m.l2_promotion), static_cast<CUtensorMapFloatOOBfill>(m.oob_fill));
+  if (r != CUDA_SUCCESS)
+    return InvalidArgument("the driver refuses the map (cuTensorMapEncodeTiled: " + d.ErrorName(r) + ")");
+  return out;
+}
+
 }  // namespace ks

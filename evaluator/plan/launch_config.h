@@ -24,4 +24,10 @@ CUresult Launch(const CudaDriver& d, CUfunction fn, const wire::LaunchShape& sha
 // attributes that decide it.
 wire::Occupancy QueryOccupancy(const CudaDriver& d, CUfunction fn, const wire::LaunchShape& shape);
 
+// The descriptor of a checked map (tensor_map.h) over device memory at
+// `address` in the current context: the address rule first, then the driver's
+// cuTensorMapEncodeTiled, whose refusal is InvalidArgument "the driver refuses
+// the map (cuTensorMapEncodeTiled: <CUresult name>)".
+StatusOr<CUtensorMap> EncodeTensorMap(const CudaDriver& d, const TensorMapSpec& m, CUdeviceptr address);
+
 }  // namespace ks

@@ -209,16 +209,10 @@ class Worker {
       for (uint64_t off : t.offsets) bases.push_back(arena_ + off);
     }
     if (bases.empty()) return Internal("a tensor map with no address");
-    const TensorMapSpec& m = t.spec;
-    std::vector<CUtensorMap> out(bases.size());
-    for (size_t i = 0; i < bases.size(); ++i) {
-      KS_RETURN_IF_ERROR(CheckTensorMapAddress(m, bases[i]));
-      CUresult r = d_->cuTensorMapEncodeTiled(
-          &out[i], static_cast<CUtensorMapDataType>(m.dtype), static_cast<cuuint32_t>(m.rank),
-          reinterpret_cast<void*>(bases[i]), m.dims.data(), m.byte_strides.data(), m.box.data(), m.element_strides.data(),
-          static_cast<CUtensorMapInterleave>(m.interleave), static_cast<CUtensorMapSwizzle>(m.swizzle),
-          static_cast<CUtensorMapL2promotion>(m.l2_promotion), static_cast<CUtensorMapFloatOOBfill>(m.oob_fill));
-      if (r != CUDA_SUCCESS) return InvalidArgument("the driver refuses the map (cuTensorMapEncodeTiled: " + d_->ErrorName(r) + ")");
+    std::vector<CUtensorMap> out;
+    for (CUdeviceptr base : bases) {
+      KS_ASSIGN_OR_RETURN(CUtensorMap m, EncodeTensorMap(*d_, t.spec, base));
+      out.push_back(m);
     }
     return out;
   }
