@@ -36,7 +36,11 @@
 //  - the device malloc heap: malloc/free/new refused at compile time
 //    (compiler.cc), and the worker's heap limit set to the minimum;
 //  - the L2 flush buffer: the worker's own allocation, rewritten before each run;
-//  - device printf FIFO: capped, and only a log, never an answer.
+//  - device printf FIFO: capped, and only a log, never an answer;
+//  - TMA tensor maps (the plan's "tensor_maps"): built by the worker from the
+//    plan, one per input set, and checked first to walk only inside the
+//    tensor or scratch buffer they name (plan/tensor_map.h), so a TMA store
+//    reaches only what an ordinary store through that pointer could.
 // What cannot be stopped here, and why:
 //  - per-thread local memory (stack) is not cleared between launches; which
 //    warp gets which slot depends on scheduling, so an answer cached there is
