@@ -352,7 +352,7 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
   static const std::regex kArch(R"(^sm_\d{2,3}a?$)");
   if (!std::regex_match(opts.arch, kArch)) return InvalidArgument("bad --arch '" + opts.arch + "' (expected e.g. sm_90 or sm_90a)");
   KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts.worker_path));
-  nlohmann::json request{{"source", source}, {"arch", opts.arch}, {"cuda_home", home}};
+  nlohmann::json request = wire::ToJson(wire::CompileRequest{source, opts.arch, home});
   auto t0 = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(ChildProcess server, CompileServerPool::Get().Acquire(worker));
   Status sent = SendMessage(server.stdin_fd(), request);
@@ -369,15 +369,15 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
     return res;
   }
   CompileServerPool::Get().Release(worker, std::move(server));
-  const nlohmann::json& j = *reply;
-  if (!j.is_object()) return Internal("ks-worker compile-server returned unreadable output");
-  res.log = j.value("log", "");
-  if (!j.value("ok", false)) {
-    res.message = j.value("message", "compile error");
+  auto compiled = wire::FromJson<wire::CompileReply>(*reply);
+  if (!compiled.ok()) return Internal("ks-worker compile-server returned unreadable output: " + compiled.status().message());
+  res.log = compiled->log;
+  if (!compiled->ok) {
+    res.message = compiled->message.empty() ? "compile error" : compiled->message;
     return res;
   }
-  KS_ASSIGN_OR_RETURN(res.cubin, Base64Decode(j.value("cubin_b64", "")));
-  res.ptx = j.value("ptx", "");
+  res.cubin = std::move(compiled->cubin);
+  res.ptx = std::move(compiled->ptx);
   KS_ASSIGN_OR_RETURN(res.kernels, ParsePtxEntries(res.ptx));
   res.globals = ParsePtxGlobals(res.ptx);
   ParsePtxasResources(res.log, &res.kernels);

@@ -323,6 +323,40 @@ StatusOr<ErrorReply> FromJson<ErrorReply>(const json& j) {
   return m;
 }
 
+json ToJson(const CompileRequest& m) {
+  return {{"cmd", CompileRequest::kCmd}, {"source", m.source}, {"arch", m.arch}, {"cuda_home", m.cuda_home}};
+}
+
+template <>
+StatusOr<CompileRequest> FromJson<CompileRequest>(const json& j) {
+  CompileRequest m;
+  KS_RETURN_IF_ERROR(Get(j, "source", &m.source));
+  KS_RETURN_IF_ERROR(Get(j, "arch", &m.arch));
+  KS_RETURN_IF_ERROR(Get(j, "cuda_home", &m.cuda_home));
+  return m;
+}
+
+json ToJson(const CompileReply& m) {
+  json j{{"ok", m.ok}, {"message", m.message}, {"log", m.log}, {"seconds", m.seconds}};
+  if (m.ok) {
+    j["cubin_b64"] = Base64Encode(m.cubin);
+    j["ptx"] = m.ptx;
+  }
+  return j;
+}
+
+template <>
+StatusOr<CompileReply> FromJson<CompileReply>(const json& j) {
+  CompileReply m;
+  KS_RETURN_IF_ERROR(Get(j, "ok", &m.ok));
+  KS_RETURN_IF_ERROR(Get(j, "message", &m.message));
+  KS_RETURN_IF_ERROR(Get(j, "log", &m.log));
+  KS_RETURN_IF_ERROR(Get(j, "seconds", &m.seconds));
+  KS_ASSIGN_OR_RETURN(m.cubin, GetBytes(j, "cubin_b64"));
+  KS_RETURN_IF_ERROR(Get(j, "ptx", &m.ptx));
+  return m;
+}
+
 std::string CommandOf(const json& request) {
   return request.is_object() && request.contains("cmd") && request["cmd"].is_string() ? request["cmd"].get<std::string>()
                                                                                        : "";

@@ -184,6 +184,27 @@ struct EmptyReply {
   bool operator==(const EmptyReply&) const = default;
 };
 
+// ---- compile: `ks-worker compile` / `compile-server` (NVRTC, out of process) ----
+struct CompileRequest {
+  static constexpr const char* kCmd = "compile";
+  std::string source;
+  std::string arch;       // the NVRTC target: sm_90 or sm_90a
+  std::string cuda_home;  // whose include/ NVRTC sees
+  bool operator==(const CompileRequest&) const = default;
+};
+
+// A source that does not compile is ok = false with the reason and the log
+// (a result, not an ErrorReply).
+struct CompileReply {
+  bool ok = false;
+  std::string message;
+  std::string log;
+  double seconds = 0;
+  std::string cubin;  // when ok
+  std::string ptx;    // when ok
+  bool operator==(const CompileReply&) const = default;
+};
+
 // Any request may be refused: status is an evaluation status the evaluator
 // takes over ("launch_error", "invalid_plan", "runtime_error") or "internal";
 // fatal means the worker's context is broken and it exits after replying.
@@ -208,6 +229,8 @@ nlohmann::json ToJson(const UnloadRequest& m);
 nlohmann::json ToJson(const QuitRequest& m);
 nlohmann::json ToJson(const EmptyReply& m);
 nlohmann::json ToJson(const ErrorReply& m);
+nlohmann::json ToJson(const CompileRequest& m);
+nlohmann::json ToJson(const CompileReply& m);
 
 template <typename T>
 StatusOr<T> FromJson(const nlohmann::json& j);
@@ -235,6 +258,10 @@ template <>
 StatusOr<EmptyReply> FromJson<EmptyReply>(const nlohmann::json& j);
 template <>
 StatusOr<ErrorReply> FromJson<ErrorReply>(const nlohmann::json& j);
+template <>
+StatusOr<CompileRequest> FromJson<CompileRequest>(const nlohmann::json& j);
+template <>
+StatusOr<CompileReply> FromJson<CompileReply>(const nlohmann::json& j);
 
 // The request's command ("" when absent), for the worker's dispatch.
 std::string CommandOf(const nlohmann::json& request);

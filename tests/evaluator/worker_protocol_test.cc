@@ -95,6 +95,9 @@ TEST(WorkerProtocolTest, RunsAndTheRest) {
   ExpectRoundTrip(UnloadRequest{});
   ExpectRoundTrip(QuitRequest{});
   ExpectRoundTrip(ErrorReply{"invalid_plan", "tensor_maps[0] (tmA): the driver refuses the map", false});
+  ExpectRoundTrip(CompileRequest{"extern \"C\" __global__ void k() {}", "sm_90a", "/usr/local/cuda"});
+  ExpectRoundTrip(CompileReply{true, "", "ptxas info: ...", 0.25, std::string("\x7f" "ELF\x00", 5), ".entry k"});
+  ExpectRoundTrip(CompileReply{false, "error: expected ';'", "log", 0.1, "", ""});
 }
 
 TEST(WorkerProtocolTest, CommandsAndErrorsAreRecognized) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
+#include "evaluator/compiler.h"
 #include "evaluator/plan/launch_plan.h"
 #include "search/prompt_template.h"
 #include "search/prompts.h"
@@ -79,6 +80,32 @@ TEST(ContractTest, TheKeyListsAreTheParsersOwn) {
     ASSERT_FALSE(r.ok());
     EXPECT_THAT(r.status().message(), HasSubstr("unknown key \"undocumented\""));
   }
+}
+
+// The Hopper section's complete TMA load is code a model will copy: it
+// compiles for sm_90a as written, with its CUtensorMap declared in the source.
+TEST(ContractTest, TheTmaExampleCompilesForTheArchSpecificTarget) {
+  const std::string contract = Contract();
+  size_t at = contract.find("**A complete TMA load**");
+  ASSERT_NE(at, std::string::npos);
+  size_t open = contract.find("```cuda\n", at);
+  ASSERT_NE(open, std::string::npos);
+  open += 8;
+  size_t close = contract.find("```", open);
+  ASSERT_NE(close, std::string::npos);
+  const std::string code = contract.substr(open, close - open);
+  EXPECT_THAT(code, HasSubstr("struct alignas(64) CUtensorMap"));
+  EXPECT_THAT(code, Not(HasSubstr("#include <cuda.h>")));
+  CompileOptions o;
+  o.worker_path = KS_WORKER_PATH;
+  o.arch = "sm_90a";
+  auto r = CompileCandidate(code, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok) << r->message << "\n" << r->log;
+  ASSERT_EQ(r->kernels.size(), 1u);
+  EXPECT_EQ(r->kernels[0].name, "tile_copy");
+  EXPECT_EQ(r->kernels[0].params[0].kind, ParamKind::kBytes);  // the map, by value
+  EXPECT_EQ(r->kernels[0].params[0].size, 128);
 }
 
 TEST(ContractTest, ClustersAreTaughtWithTheirDeviceSide) {

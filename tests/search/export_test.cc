@@ -299,6 +299,8 @@ class PlanGenerator {
     std::vector<KernelInfo> kernels;
     bool scratch = Chance(0.3);
     if (scratch) plan["scratch"] = json::array({{{"name", "partial"}, {"bytes", IntField()}}});
+    bool maps = Chance(0.25);
+    if (maps) plan["tensor_maps"] = json::array({TensorMap(scratch)});
     int n = 1 + Pick(3);
     plan["launches"] = json::array();
     for (int l = 0; l < n; ++l) {
@@ -313,6 +315,10 @@ class PlanGenerator {
                                            ParamKind::kF64};
         kinds.push_back(kKinds[Pick(5)]);
         args.push_back(Arg(scratch));
+      }
+      if (maps && Chance(0.6)) {  // the map, mostly where a CUtensorMap parameter takes it
+        kinds.push_back(Chance(0.9) ? ParamKind::kBytes : ParamKind::kB64);
+        args.push_back(Chance(0.9) ? "tm" : "x");
       }
       if (Chance(0.03)) args.push_back("x");  // one argument too many
       launch["args"] = args;
@@ -390,6 +396,48 @@ class PlanGenerator {
     return d;
   }
 
+  // A "tensor_maps" entry named "tm": usually one a kernel would use, often
+  // breaking one rule of the driver's or ours.
+  json TensorMap(bool scratch) {
+    static const char* kTensors[] = {"x", "x", "x", "out", "ln.weight", "n", "nope"};
+    static const char* kDtypes[] = {"float32", "tfloat32", "bfloat16", "int32", "uint8", "float64", "bogus"};
+    static const char* kSwizzles[] = {"none", "32B", "64B", "128B", "256B"};
+    static const char* kInterleaves[] = {"none", "16B", "32B"};
+    static const char* kPromotions[] = {"none", "64B", "128B", "256B"};
+    json m = {{"name", "tm"}};
+    std::string t = scratch && Chance(0.3) ? "partial" : kTensors[Pick(7)];
+    m["tensor"] = t;
+    const int rank = t == "ln.weight" ? 1 : Chance(0.95) ? 2 : 3;
+    auto list = [&](auto&& entry) {
+      json l = json::array();
+      for (int i = 0; i < rank; ++i) l.push_back(entry(i));
+      return l;
+    };
+    if (t == "partial" || Chance(0.15)) m["dtype"] = kDtypes[Pick(7)];
+    if (t == "partial" || Chance(0.3))
+      m["dims"] = list([&](int i) -> json {
+        static const char* kDims[] = {"x.shape[1]", "x.shape[0]", "x.shape[1] / 2", "n"};
+        return Chance(0.2) ? IntField() : Chance(0.5) ? json(i == 0 ? 1000 : 8) : json(kDims[Pick(4)]);
+      });
+    if (rank > 1 && Chance(0.2)) {
+      static const char* kStrides[] = {"x.shape[1] * 4", "4000", "4004", "x.shape[1] * 2"};
+      json st = json::array();
+      for (int i = 1; i < rank; ++i) st.push_back(Chance(0.2) ? IntField() : json(kStrides[Pick(4)]));
+      m["byte_strides"] = st;
+    }
+    m["box"] = list([&](int) -> json {
+      static const int kBoxes[] = {8, 16, 32, 64, 128, 256, 300, 0, 2, 4};
+      return Chance(0.1) ? json("n") : json(kBoxes[Pick(10)]);
+    });
+    if (Chance(0.15)) m["element_strides"] = list([&](int) -> json { return 1 + Pick(9); });
+    if (Chance(0.3)) m["swizzle"] = kSwizzles[Pick(5)];
+    if (Chance(0.1)) m["interleave"] = kInterleaves[Pick(3)];
+    if (Chance(0.2)) m["l2_promotion"] = kPromotions[Pick(4)];
+    if (Chance(0.15)) m["oob_fill"] = Chance(0.8) ? "zero" : "nan";
+    if (Chance(0.02)) m["bogus"] = 1;
+    return m;
+  }
+
   json Arg(bool scratch) {
     static const char* kNames[] = {"x", "out", "ln.weight", "n", "alpha", "0.00001", "1e-5", "-2.5e3"};
     switch (Pick(12)) {
@@ -411,6 +459,14 @@ TEST_F(ExportTest, PythonPlanRulesAgreeOnGeneratedPlans) {
   PlanGenerator gen(20261123);
   std::vector<PlanCase> cases;
   for (int i = 0; i < 3000; ++i) cases.push_back(gen.Next());
+  int with_maps = 0, maps_accepted = 0;
+  for (const auto& c : cases)
+    if (c.plan.find("tensor_maps") != std::string::npos) {
+      ++with_maps;
+      if (ResolvePlan(c.plan, PlanSignature(), c.kernels, PlanLimits{}).ok()) ++maps_accepted;
+    }
+  EXPECT_GE(with_maps, 500);
+  EXPECT_GE(maps_accepted, 20);  // maps that resolve, not only ones refused (28 at this seed)
   int accepted = CompareWithPython(PlanSignature(), cases);
   EXPECT_GE(accepted, 300);  // both outcomes, often
   EXPECT_LE(accepted, static_cast<int>(cases.size()) - 300);
