@@ -230,9 +230,11 @@ std::vector<uint64_t> GpuEvaluator::ArenaOffsets(const std::string& name) const 
 
 wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {
   auto index_of = [](const auto& list, const std::string& name) {
-    for (size_t i = 0; i < list.size(); ++i)
-      if (list[i].name == name) return static_cast<int>(i);
-    return 0;  // unreachable: the plan resolved every name
+    int found = -1;
+    for (size_t i = 0; i < list.size() && found < 0; ++i)
+      if (list[i].name == name) found = static_cast<int>(i);
+    KS_CHECK(found >= 0);  // ResolvePlan resolved every name against these lists
+    return found;
   };
   wire::LoadRequest req;
   req.cubin = compiled.cubin;
