@@ -29,7 +29,7 @@ struct BrowseFlags {
   std::string problem;
   int64_t id = 0;
   std::string out_dir;
-  std::string arch = "sm_90";
+  std::string arch = "sm_90a";
 };
 
 StatusOr<std::unique_ptr<store::LineageStore>> OpenStore(const BrowseFlags& f) {
@@ -269,8 +269,8 @@ void RegisterBrowseCommands(CLI::App& app) {
         s->add_option("id", f->id, "candidate id")->required();
         s->add_option("--out", f->out_dir, "output directory")->required();
         s->add_option("--arch", f->arch,
-                      "arch to compile for at export, to read the kernels' parameters (the module compiles for "
-                      "the GPU it runs on)")
+                      "target to compile for at export when the evaluation recorded none (the module compiles for "
+                      "the GPU it runs on; an arch-specific target such as sm_90a only for that architecture)")
             ->capture_default_str();
       });
 }

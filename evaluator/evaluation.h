@@ -114,6 +114,9 @@ struct Evaluation {
   // where not measured (evaluations stored before these existed, fakes).
   std::vector<LaunchProfile> launch_profiles;
   std::string device;
+  // The NVRTC target the kernels were compiled for (sm_90a on an H100: the
+  // arch-specific one, compiler.h ArchSpecificTarget); "" in older records.
+  std::string target;
   double compile_s = 0;
   double eval_s = 0;
   // Where eval_s went, in order (GPU evaluations): "load", "correctness",

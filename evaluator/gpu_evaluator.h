@@ -36,7 +36,11 @@
 //  - the device malloc heap: malloc/free/new refused at compile time
 //    (compiler.cc), and the worker's heap limit set to the minimum;
 //  - the L2 flush buffer: the worker's own allocation, rewritten before each run;
-//  - device printf FIFO: capped, and only a log, never an answer.
+//  - device printf FIFO: capped, and only a log, never an answer;
+//  - TMA tensor maps (the plan's "tensor_maps"): built by the worker from the
+//    plan, one per input set, and checked first to walk only inside the
+//    tensor or scratch buffer they name (plan/tensor_map.h), so a TMA store
+//    reaches only what an ordinary store through that pointer could.
 // What cannot be stopped here, and why:
 //  - per-thread local memory (stack) is not cleared between launches; which
 //    warp gets which slot depends on scheduling, so an answer cached there is
@@ -62,7 +66,8 @@
 #include "evaluator/compiler.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
+#include "evaluator/plan/worker_protocol.h"
 #include "evaluator/launch_profile.h"
 #include "evaluator/problem.h"
 
@@ -106,6 +111,7 @@ struct GpuEvaluatorOptions {
   bool measure_peaks = true;        // for a problem with FLOPS: measure (once per GPU, cached) the
                                     // matmul peak of its compute class (MeasureDevicePeaks)
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
+  std::string target;               // NVRTC target; "" = the device's arch-specific one (sm_90a on 9.0)
 };
 
 // Compile threads for each of `gpus` evaluators of one host: the CPU cores but
@@ -186,11 +192,16 @@ class GpuEvaluator : public CandidateEvaluator {
   // A worker's reply to a run: true when it ran; otherwise r says why (a
   // timeout or a dead worker stops the worker).
   bool ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r);
-  // A reply naming __device__ variables that changed makes r incorrect.
-  void NoteStateChanged(const nlohmann::json& reply, RunResult& r);
+  // __device__ variables that changed (a worker's reply names them) make r incorrect.
+  void NoteStateChanged(const std::vector<std::string>& changed, RunResult& r);
+  // Arena offsets of a tensor of the signature, one per input set.
+  std::vector<uint64_t> ArenaOffsets(const std::string& name) const;
+  // The worker's load request for a resolved plan (plan/worker_protocol.h).
+  wire::LoadRequest BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
   // The per-launch figures (evaluator/launch_profile.h) from a few split runs
   // after the timed ones; a run that fails here fails the candidate as any run does.
-  StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan, const nlohmann::json& occupancy,
+  StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan,
+                                                       const std::vector<wire::Occupancy>& occupancy,
                                                        const Roofline& plan_roofline, int first_run,
                                                        RunResult* failed);
   double RunTimeout() const;

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 
+#include "evaluator/compiler.h"
 #include "evaluator/launch_profile.h"
 
 namespace ks {
@@ -40,6 +42,9 @@ TemplateVars ProblemVars(const ProblemContext& p) {
   v.Set("signature_table", SignatureTable(p.signature));
   v.Set("gpu_facts", GpuFactsText(p.gpu));
   v.Set("launch_limits", LaunchLimitsText(p.gpu));
+  // The Hopper section (TMA, wgmma) only for a GPU that has those: a list of
+  // one record renders it once, an empty list not at all.
+  v.SetList("hopper", HopperRecords(p.gpu));
   return v;
 }
 
@@ -224,6 +229,13 @@ std::string TopKernelsText(const std::vector<TopKernel>& best) {
                          l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], Bytes(l.shared_bytes));
   }
   return out;
+}
+
+std::vector<TemplateRecord> HopperRecords(const GpuFacts& g) {
+  int major = 0, minor = 0;
+  if (std::sscanf(g.compute_capability.c_str(), "%d.%d", &major, &minor) != 2 || major < 9) return {};
+  // The arch-specific target candidates compile for (evaluator/compiler.h).
+  return {{{"hopper_target", ArchSpecificTarget("sm_" + std::to_string(major) + std::to_string(minor))}}};
 }
 
 std::string LaunchLimitsText(const GpuFacts& g) {

@@ -132,6 +132,10 @@ std::string FailureDetails(const Evaluation& e, const Signature* sig = nullptr);
 // The contract's device section: shared memory per block and the register
 // budget per thread at each block size ("unknown" where the facts are missing).
 std::string LaunchLimitsText(const GpuFacts& gpu);
+// The contract's Hopper section (TMA, wgmma, the arch-specific target): one
+// record {hopper_target: "sm_90a"} for a GPU of compute capability 9.0 or
+// later, none otherwise (or when unknown), so the section is not shown.
+std::vector<TemplateRecord> HopperRecords(const GpuFacts& gpu);
 // "out[3, 1021]": a flat index of a contiguous tensor by its position.
 std::string IndexInShape(const std::string& name, int64_t flat, const std::vector<int64_t>& shape);
 // The figures of one evaluation in one line: time, speedups, fraction of the floor.

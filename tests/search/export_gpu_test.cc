@@ -107,5 +107,20 @@ TEST_F(ExportGpuTest, SoftmaxExportWithBigSharedMemoryAndClustersMatchesTheModel
   ExportAndCompare(id, "[[2048, 4096], [1000, 4096], [2048, 2000]]", 1e-6, 1e-4);
 }
 
+// A plan with a TMA tensor map (issue 23): the module builds the map with
+// cuTensorMapEncodeTiled from each call's own tensor and runs the sm_90a
+// kernel; at the problem's shape and at another one (rows of 384 bytes).
+TEST_F(ExportGpuTest, TmaTensorMapExportMatchesTheModel) {
+  auto arch = DetectArch();
+  ASSERT_TRUE(arch.ok()) << arch.status().ToString();
+  if (std::stoi(arch->substr(3)) < 90) GTEST_SKIP() << "TMA needs compute capability 9.0";
+  const std::string dir = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/";
+  auto source = ReadFile(dir + "tma_tile_copy.cu");
+  auto plan = ReadFile(dir + "tma_tile_copy.json");
+  ASSERT_TRUE(source.ok() && plan.ok());
+  int64_t id = Fill("tma_copy.py", *source, *plan);
+  ExportAndCompare(id, "[[300, 200], [64, 96]]", 0, 0);
+}
+
 }  // namespace
 }  // namespace ks
