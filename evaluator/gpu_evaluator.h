@@ -52,6 +52,7 @@
 // EvaluateBatch compiles in parallel internally.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -194,6 +195,14 @@ class GpuEvaluator : public CandidateEvaluator {
                                                        const Roofline& plan_roofline, int first_run,
                                                        RunResult* failed);
   double RunTimeout() const;
+  // The distribution-shifted sets (ReferenceSet::transform) of a candidate
+  // correct on every get_inputs() set, each run by `run`: what held goes into
+  // *robustness (gpu_evaluator_robust.cc). A run that crashes, hangs or fails
+  // to launch there is returned: it fails the candidate as any run does.
+  std::optional<RunResult> CheckShiftedSets(const std::function<RunResult(int)>& run, Robustness* robustness);
+  // A shifted set's atol: the output's scale changed with its inputs, and an
+  // absolute tolerance is relative to that scale (1 for a get_inputs() set).
+  double ShiftedAtolScale(const OutputSlot& o, int set) const;
   Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash);
   // Sum of squares of the finite values of a reference output (n elements).
   StatusOr<double> ReferenceSumSquares(const OutputSlot& o, int set);

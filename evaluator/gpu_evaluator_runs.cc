@@ -141,7 +141,7 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
 
 GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double estimate_ms) {
   RunResult r;
-  const int sets = static_cast<int>(ref_.sets.size());
+  const int sets = ref_.JudgingSets();  // warm-up, like timing, on get_inputs() sets only
   if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "warm"}, {"runs", runs}, {"sets", sets},
                                                   {"first_set", first_set}});
       !s.ok()) {

@@ -317,6 +317,9 @@ SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_avai
   return f;
 }
 
+// Distribution-shifted sets the bridge may add (one per transform in transforms.py).
+constexpr int kTransformSets = 4;
+
 uint64_t ResidentMinBytes(const ReferenceOptions& opts) {
   if (opts.resident_min_bytes) return *opts.resident_min_bytes;
   if (std::string v = Env("KS_RESIDENT_MIN_BYTES"); !v.empty()) {
@@ -409,6 +412,12 @@ StatusOr<std::string> ReferenceData::FilePath(int set, const std::string& name) 
   return it->second;
 }
 
+int ReferenceData::JudgingSets() const {
+  int n = 0;
+  while (n < static_cast<int>(sets.size()) && sets[n].transform.empty()) ++n;
+  return n;
+}
+
 std::string DefaultReferenceCacheDir() {
   if (std::string d = Env("KS_CACHE_DIR"); !d.empty()) return d;
   if (std::string d = Env("XDG_CACHE_HOME"); !d.empty()) return (fs::path(d) / "kernelsearch" / "reference").string();
@@ -449,7 +458,31 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   if (j.contains("scalars") && j["scalars"].is_object())
     for (const auto& [k, v] : j["scalars"].items())
       if (v.is_number()) d.scalars[k] = v.get<double>();
+  if (j.contains("transforms") && j["transforms"].is_array())
+    for (const auto& t : j["transforms"]) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) continue;
+      InputTransform x;
+      x.name = t["name"].get<std::string>();
+      x.set = t.contains("set") && t["set"].is_number_integer() ? t["set"].get<int>() : -1;
+      x.note = t.value("note", "");
+      d.transforms.push_back(std::move(x));
+    }
   return d;
+}
+
+// A set's "transform" (transforms.py); the get_inputs() sets must all come
+// first, and a transform's set must say it is that transform's.
+Status CheckTransformOrder(const ReferenceData& d, const std::string& where) {
+  bool shifted = false;
+  for (const auto& s : d.sets) {
+    if (!s.transform.empty()) shifted = true;
+    else if (shifted) return InvalidArgument(where + ": a get_inputs() set after a distribution-shifted one");
+  }
+  for (const auto& t : d.transforms)
+    if (t.set >= 0 && (t.set >= static_cast<int>(d.sets.size()) || d.sets[t.set].transform != t.name))
+      return InvalidArgument(where + ": transform '" + t.name + "' names input set " + std::to_string(t.set) +
+                             ", which is not its set");
+  return Status::Ok();
 }
 
 // Every tensor of the signature must be present in a set, or a consumer would
@@ -491,9 +524,11 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
       set.files[name] = p.string();
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, set.files, set.seed, manifest_path));
+    set.transform = s.value("transform", "");
     d.sets.push_back(std::move(set));
   }
   if (d.sets.empty()) return InvalidArgument(manifest_path + ": no input sets");
+  KS_RETURN_IF_ERROR(CheckTransformOrder(d, manifest_path));
   return d;
 }
 
@@ -659,10 +694,12 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
       tensors[name] = std::move(t);
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, where));
+    set.transform = s.value("transform", "");
     d.sets.push_back(std::move(set));
     sets.push_back(std::move(tensors));
   }
   if (d.sets.empty()) return InvalidArgument(where + ": no input sets");
+  KS_RETURN_IF_ERROR(CheckTransformOrder(d, where));
   d.resident = std::make_shared<ResidentReference>(std::move(child), std::move(sets));
   return std::make_pair(std::move(d), std::move(j));
 }
@@ -718,6 +755,9 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   // timing.py is part of the method whose results are cached.
   KS_ASSIGN_OR_RETURN(std::string timing_path, FindDataFile("reference/timing.py"));
   KS_ASSIGN_OR_RETURN(std::string timing_bytes, ReadFile(timing_path));
+  // So is transforms.py: the distribution-shifted sets are part of the entry.
+  KS_ASSIGN_OR_RETURN(std::string transforms_path, FindDataFile("reference/transforms.py"));
+  KS_ASSIGN_OR_RETURN(std::string transforms_bytes, ReadFile(transforms_path));
 
   if (opts.device == "cuda" && !py.cuda)
     return FailedPrecondition("--device cuda: torch " + py.torch_version + " in " + py.python + " sees no CUDA device");
@@ -735,6 +775,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     AddKeyField(key, "device", device_kind);
     AddKeyField(key, "bridge", bridge_bytes);
     AddKeyField(key, "timing", timing_bytes);
+    AddKeyField(key, "transforms", transforms_bytes);
     AddKeyField(key, "torch", py.torch_version);
     AddKeyField(key, "timed", timed && on_cuda ? "1" : "0");
     return Sha256Hex(key).substr(0, 32);
@@ -843,15 +884,21 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   if (fit.sets < opts.sets)
     warnings.push_back("using " + std::to_string(fit.sets) + " of the " + std::to_string(opts.sets) +
                        " input sets asked for: " + fit.why);
+  // The distribution-shifted sets (transforms.py) take what room the judging sets leave.
+  const SetFit with_shifted = FitSets(sig, fit.sets + kTransformSets, cap, free_disk + usage.entry_bytes,
+                                      opts.device_budget);
+  const int transform_room = std::max(0, with_shifted.sets - fit.sets);
   std::vector<std::string> evicted;
-  KS_RETURN_IF_ERROR(MakeRoom(cache.string(), fit.disk_bytes, cap, "", &evicted).WithContext(file));
+  KS_RETURN_IF_ERROR(MakeRoom(cache.string(), std::max(fit.disk_bytes, with_shifted.disk_bytes), cap, "", &evicted)
+                         .WithContext(file));
 
   static std::atomic<uint64_t> counter{0};
   const fs::path tmp = cache / (".tmp-" + stem + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
   ScopedDirRemover remove_tmp(tmp);
   mark = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(json manifest,
-                      waiting->WriteFiles(file, json{{"out", tmp.string()}, {"sets", fit.sets}, {"time", opts.time}},
+                      waiting->WriteFiles(file, json{{"out", tmp.string()}, {"sets", fit.sets}, {"time", opts.time},
+                                                     {"transform_sets", transform_room}},
                                           opts.bridge));
   const double bridge_s = Since(mark);
   (void)manifest;  // read back from disk below, the same way a cache hit is

@@ -134,6 +134,20 @@ class ResidentReference {
 struct ReferenceSet {
   uint64_t seed = 0;
   std::map<std::string, std::string> files;
+  // "" for a get_inputs() set; else the distribution shift its inputs had
+  // (evaluator/reference/transforms.py: "scale_up", "scale_down",
+  // "sign_flip", "outliers"). These sets come after every get_inputs() set.
+  std::string transform;
+};
+
+// One distribution shift of the inputs (evaluator/reference/transforms.py) as
+// the bridge prepared it for a problem: the input set it made, or why none
+// (dropped because the reference is not finite there, left out by the
+// problem's INPUT_TRANSFORMS, no room).
+struct InputTransform {
+  std::string name;
+  int set = -1;      // index into ReferenceData::sets; -1: not checked (note says why)
+  std::string note;  // what the transform does, or why it was not checked
 };
 
 // A complete reference directory, read back from its manifest.json. Plain data;
@@ -152,6 +166,9 @@ struct ReferenceData {
   // measured (the float64 run skipped or failed; Signature::reference_error).
   std::vector<std::string> notes;
   std::map<std::string, double> scalars; // scalar inputs by name
+  // Every transform the bridge knows, in the order they are checked; empty
+  // for a reference made before they existed.
+  std::vector<InputTransform> transforms;
   bool from_cache = false;               // true when an existing entry was reused
   int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)
   std::vector<std::string> evicted;      // cache entries removed to make room for this one
@@ -166,6 +183,9 @@ struct ReferenceData {
 
   // Absolute path of tensor `name` in input set `set`.
   StatusOr<std::string> FilePath(int set, const std::string& name) const;
+  // The get_inputs() sets: the first JudgingSets() of `sets` (the others are
+  // distribution-shifted, ReferenceSet::transform).
+  int JudgingSets() const;
 };
 
 // $KS_CACHE_DIR, else $XDG_CACHE_HOME/kernelsearch/reference, else

@@ -215,6 +215,11 @@ class Problem:
         desc = getattr(m, "DESCRIPTION", None)
         if desc is not None and not isinstance(desc, str):
             raise self.fail("bad_metadata", "DESCRIPTION must be a string, got %s" % type(desc).__name__)
+        if getattr(m, "INPUT_TRANSFORMS", None) is not None:
+            import transforms
+            why = transforms.check_metadata(m.INPUT_TRANSFORMS)
+            if why:
+                raise self.fail("bad_metadata", why)
 
     @property
     def tolerance(self):
@@ -1116,9 +1121,11 @@ def _same_data(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
-def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None):
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
-    or keeps them on the GPU when `resident` (a _Resident) is given.
+    or keeps them on the GPU when `resident` (a _Resident) is given; then up
+    to `transform_room` distribution-shifted sets (transforms.py,
+    add_transformed_sets), after the K sets, each marked with its transform.
 
     Returns the manifest dict (without "files" when out_dir is None; with "ipc"
     per set when resident). torch.compile is timed by the CompileHelper
@@ -1176,6 +1183,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     input_hashes, output_hashes = [], []
     input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
     timing_sets, kept_bytes = [], 0
+    base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
     for i in range(sets):
         set_seed = seed + 1 + i
         phase("writing files")  # the parameters, before the first set
@@ -1242,6 +1250,8 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         for (name, t), spec in zip(outputs, ospecs):
             atol, rtol = _tolerance_for(problem, spec["dtype"], rounding.get(name))
             st = output_stats(t, atol, rtol)
+            if i == 0:
+                base_nonfinite[name] = st["nan"] + st["inf"]
             for key, msg in degenerate_reasons(name, st, atol, rtol):
                 warnings.add((name, key), msg, i)
             for key, msg in near_degenerate_notes(name, st):
@@ -1284,6 +1294,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
                     warnings.add_plain("output '%s' is identical for all %d input sets although the inputs differ: "
                                        "it does not depend on the inputs" % (spec["name"], sets))
 
+    transform_info, t_kept = add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device,
+                                                  out_dir, resident, sets, transform_room, base_nonfinite,
+                                                  manifest_sets, files_params, notes)
+    phase("distribution-shifted input sets")
+
     timing = {"eager": None, "compiled": None}
     if do_time and device.type == "cuda":
         import timing as ks_timing
@@ -1323,14 +1338,21 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             _keep_inputs_pristine(problem, sig_inputs, input_hashes, input_prints, i, seed + 1 + i, device)
         torch.cuda.empty_cache()
         names = [spec["name"] for spec in sig_inputs if spec["kind"] == "tensor"]
-        for i, entry in enumerate(manifest_sets):
+        for i, entry in enumerate(manifest_sets[:sets]):
             ipc = dict(ipc_params)
             for name, t in zip(names, input_hashes[i]):
                 ipc[name] = resident.export(t)
             for spec, t in zip(sig_outputs, output_hashes[i]):
                 ipc[spec["name"]] = resident.export(t)
             entry["ipc"] = ipc
-        del input_hashes, output_hashes
+        for entry, (t_inputs, t_outputs) in zip(manifest_sets[sets:], t_kept):
+            ipc = dict(ipc_params)
+            for name, t in t_inputs.items():
+                ipc[name] = resident.export(t)
+            for name, t in t_outputs.items():
+                ipc[name] = resident.export(t)
+            entry["ipc"] = ipc
+        del input_hashes, output_hashes, t_kept
         phase("export (CUDA IPC)")
 
     manifest = {
@@ -1343,11 +1365,107 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         "timing": timing,
         "warnings": warnings.messages(sets),
         "notes": notes.messages(sets),
+        # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
+        "transforms": transform_info,
         "scalars": scalars,
         # Wall seconds per phase of this bridge run, in order (not part of any result).
         "phases": [[k, round(v, 3)] for k, v in phases.items()],
     }
     return manifest
+
+
+def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
+                         room, base_nonfinite, manifest_sets, files_params, notes):
+    """The distribution-shifted input sets (transforms.py), appended to
+    manifest_sets after the K get_inputs() sets: at most `room` of them (None:
+    not asked for, as by `check`), each input set 0 transformed, with
+    PyTorch's output on it as its reference; files in out_dir, or kept on the
+    GPU (resident: exported by the caller). Returns (info, kept): info has
+    one entry per transform, {"name", "set": its index or None, "note": what
+    it does, or why it has no set}; kept, per set made (resident only), the
+    ({input name: tensor}, {output name: tensor}) to export."""
+    import torch
+    import transforms
+    info, kept = [], []
+    if room is None:
+        return info, kept
+    wanted = transforms.chosen(problem.module)
+    set_seed = seed + 1  # input set 0, transformed
+    tensor_specs = [spec for spec in sig_inputs if spec["kind"] == "tensor"]
+
+    def fresh(name):
+        return transforms.apply(name, problem.inputs(set_seed, device), set_seed)
+
+    no_floats = not transforms.has_floating_inputs(problem.inputs(set_seed, device))
+    for name in transforms.TRANSFORMS:
+        if name not in wanted:
+            info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})
+            continue
+        if no_floats:
+            info.append({"name": name, "set": None, "note": "not checked: the problem has no floating-point input "
+                         "tensor to transform"})
+            continue
+        if len(manifest_sets) - sets >= room:
+            note = ("not checked: no room for another input set (the cache cap, the free disk or the GPU's free "
+                    "memory)")
+            info.append({"name": name, "set": None, "note": note})
+            notes.add_plain("transform '%s' %s" % (name, note))
+            continue
+        index = len(manifest_sets)
+        inputs = fresh(name)
+        files, t_inputs, prints = dict(files_params), {}, []
+        set_dir = os.path.join(out_dir, "set%d" % index) if out_dir is not None else None
+        if set_dir:
+            os.makedirs(set_dir, exist_ok=True)
+        for spec, v in zip(tensor_specs, [v for v in inputs if isinstance(v, torch.Tensor)]):
+            if resident is not None:
+                t_inputs[spec["name"]] = v.contiguous()
+                prints.append(_fingerprint(t_inputs[spec["name"]]))
+            elif set_dir:
+                store_tensor(v, os.path.join(set_dir, spec["name"] + ".bin"))
+                files[spec["name"]] = "set%d/%s.bin" % (index, spec["name"])
+        _restore_state(model, snapshot)
+        _seed_everything(set_seed)
+        why = None
+        try:
+            outputs = problem.forward(model, inputs)
+        except BridgeError as e:
+            outputs, why = None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
+        if outputs is not None and output_specs(problem, outputs) != sig_outputs:
+            why = "forward() returns other output shapes or dtypes on these inputs"
+        if why is None:
+            for (oname, t) in outputs:
+                bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
+                if bad > before:
+                    why = ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has %d "
+                           "(outside the operator's domain or range)" % (oname, bad, before))
+                    break
+        if why is not None:
+            note = "dropped: %s" % why
+            info.append({"name": name, "set": None, "note": note})
+            notes.add_plain("transform '%s' (%s) %s" % (name, transforms.DESCRIPTIONS[name], note))
+            if set_dir:
+                import shutil
+                shutil.rmtree(set_dir, ignore_errors=True)
+            del outputs
+            continue
+        t_outputs = {}
+        for oname, t in outputs:
+            if resident is not None:
+                t_outputs[oname] = t.detach().contiguous()
+            elif set_dir:
+                store_tensor(t, os.path.join(set_dir, oname + ".bin"))
+                files[oname] = "set%d/%s.bin" % (index, oname)
+        del outputs
+        if resident is not None:
+            # forward changed an input in place: the transform is deterministic, so make it again.
+            if [_fingerprint(t) for t in t_inputs.values()] != prints:
+                again = [v for v in fresh(name) if isinstance(v, torch.Tensor)]
+                t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
+            kept.append((t_inputs, t_outputs))
+        manifest_sets.append({"seed": set_seed, "files": files, "transform": name})
+        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name]})
+    return info, kept
 
 
 def write_manifest(out_dir, manifest):
@@ -1516,7 +1634,8 @@ def cmd_time_compiled(problem, args):
     free, _ = torch.cuda.mem_get_info(device)
     # What the reference process will hold (fit_resident's rule, whichever
     # path it takes) comes first; the helper takes what is left, with margin.
-    main_sets, _ = fit_resident(sig, args.sets, int(0.9 * free))
+    # (The judging sets and the distribution-shifted ones, transforms.py.)
+    main_sets, _ = fit_resident(sig, args.sets + 4, int(0.9 * free))
     spare = 0.9 * free - (4 * par + 2 * out + max(main_sets, 1) * (3 * inp + out))
     k = min(2, args.sets)
     while k > 1 and par + k * inp + 2 * out > 0.5 * spare:
@@ -1549,14 +1668,15 @@ def _answer_line(obj):
 
 def _files_request():
     """reference --then-files: the caller's one-line request on stdin after
-    the signature: {"out": DIR, "sets": K, "time": bool}, or None when it
+    the signature: {"out": DIR, "sets": K, "time": bool, "transform_sets": T
+    (room for T distribution-shifted sets; absent: none)}, or None when it
     closed stdin (it found what it needed elsewhere, or gave up)."""
     line = sys.stdin.readline()
     if not line.strip():
         return None
     try:
         req = json.loads(line)
-        return str(req["out"]), int(req["sets"]), bool(req.get("time", False))
+        return str(req["out"]), int(req["sets"]), bool(req.get("time", False)), int(req.get("transform_sets", 0))
     except (ValueError, KeyError, TypeError) as e:
         raise BridgeError("bad_arguments", "bridge.py: bad request after the signature: %s: %r" % (e, line[:200]))
 
@@ -1585,8 +1705,8 @@ def cmd_reference(problem, args):
                 req = _files_request()
                 if req is None:
                     return None
-                out, sets, do_time = req
-                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time)
+                out, sets, do_time, room = req
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room)
                 write_manifest(out, manifest)
                 return manifest
             sets, why = fit_resident(sig, args.sets, args.device_budget)
@@ -1594,15 +1714,22 @@ def cmd_reference(problem, args):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
             if sets < args.sets:
                 warning = "using %d of the %d input sets asked for: %s" % (sets, args.sets, why)
+            # The distribution-shifted sets take what the judging sets leave.
+            with_room, _ = fit_resident(sig, sets + args.transform_sets, args.device_budget)
+            room = max(0, min(args.transform_sets, with_room - sets))
+        else:
+            room = args.transform_sets
         _RESIDENT = _Resident()
-        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT)
+        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
+                                 transform_room=room)
         manifest["resident"] = True
         if warning:
             manifest["warnings"].insert(0, warning)
         return manifest
     if not args.out:
         raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident / --then-files)")
-    manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
+    manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time,
+                             transform_room=args.transform_sets)
     write_manifest(args.out, manifest)
     return manifest
 
@@ -1666,6 +1793,8 @@ def _parser():
             s.add_argument("--then-files", action="store_true")
             s.add_argument("--resident-min-bytes", type=int, default=None)
             s.add_argument("--device-budget", type=int, default=0)
+            # Room for this many distribution-shifted sets (transforms.py); 0: none.
+            s.add_argument("--transform-sets", type=int, default=4)
     s = sub.add_parser("peaks")
     s.add_argument("--index", type=int, default=0)
     s.add_argument("--n", type=int, default=8192)

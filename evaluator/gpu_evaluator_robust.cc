@@ -1,0 +1,53 @@
+// Robustness beyond get_inputs() (issue 27): a candidate correct on every
+// get_inputs() set is run once more on each distribution-shifted set the
+// bridge made (evaluator/reference/transforms.py: inputs scaled by large and
+// small powers of ten, negated, with outliers). Stops a kernel specialised to
+// the benchmark's input distribution (fp32 split into fp16 halves, exact for
+// values in [0, 1) only; an exp without the max subtracted) from passing
+// unmarked: it stays correct, marked specialised with the first transform
+// that broke it, and the search and `export` act on the mark.
+#include <cmath>
+
+#include "evaluator/gpu_evaluator.h"
+#include "evaluator/gpu_evaluator_internal.h"
+
+namespace ks {
+
+double GpuEvaluator::ShiftedAtolScale(const OutputSlot& o, int set) const {
+  if (set <= 0 || set >= static_cast<int>(ref_.sets.size()) || ref_.sets[set].transform.empty()) return 1;
+  // Each shifted set is input set 0 transformed: its outputs' scale against set 0's.
+  const double base = o.ref_rms.empty() ? 0 : o.ref_rms[0], here = o.ref_rms[set];
+  if (!(base > 0) || !(here > 0) || !std::isfinite(base) || !std::isfinite(here)) return 1;
+  return here / base;
+}
+
+std::optional<GpuEvaluator::RunResult> GpuEvaluator::CheckShiftedSets(const std::function<RunResult(int)>& run,
+                                                                      Robustness* robustness) {
+  const int judging = ref_.JudgingSets();
+  robustness->checks.push_back({"get_inputs", "held", std::to_string(judging) + " input set(s) from get_inputs()"});
+  if (ref_.transforms.empty())
+    robustness->checks.push_back({"transforms", "not_checked",
+                                  "the reference has no distribution-shifted input sets (made before they existed)"});
+  for (const InputTransform& t : ref_.transforms) {
+    if (t.set < judging || t.set >= static_cast<int>(ref_.sets.size())) {
+      robustness->checks.push_back({t.name, "not_checked", t.note});
+      continue;
+    }
+    RunResult r = run(t.set);
+    if (r.status == EvalStatus::kCorrect) {
+      robustness->checks.push_back({t.name, "held", t.note});
+    } else if (r.status == EvalStatus::kIncorrect) {
+      robustness->checks.push_back({t.name, "broke", t.note + ": " + r.message});
+      if (robustness->broken_by.empty()) robustness->broken_by = t.name;
+    } else {
+      r.message = "input set " + std::to_string(t.set) + " (" + t.note + "): " + r.message;
+      return r;
+    }
+  }
+  // KernelBench's format has one shape per problem: say so rather than imply more was checked.
+  robustness->checks.push_back({"shapes", "not_checked",
+                                "the problem declares one shape (get_inputs()): shapes were not varied"});
+  return std::nullopt;
+}
+
+}  // namespace ks
