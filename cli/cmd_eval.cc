@@ -337,7 +337,7 @@ int Run(const EvalArgs& a) {
       j["candidate"] = files[i];
       std::printf("%s\n", j.dump().c_str());
     } else {
-      PrintBatchRow(name, EvalStatusName(e.status), &e, e.message);
+      PrintBatchRow(name, StatusText(e), &e, e.specialised() ? e.robustness->Summary() : e.message);
     }
   }
   if (!a.json) std::printf("\nworker restarts: %d\n", ev->worker_restarts());

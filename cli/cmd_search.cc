@@ -48,6 +48,7 @@ struct SearchFlags {
   bool generate_only = false;
   bool allow_degenerate = false;
   bool no_bank = false;
+  std::string require;  // --require robust
   bool quiet = false;
   bool json = false;
   std::string evaluator;
@@ -159,6 +160,7 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   }
   if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
   if (f.no_bank) config.bank = false;
+  if (f.require == "robust") config.require_robust = true;
   KS_RETURN_IF_ERROR(config.Validate());
   return config;
 }
@@ -553,6 +555,9 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
                 "search even when the problem's reference outputs are degenerate (see `kernelsearch problem check`)");
   sub->add_flag("--no-bank", f->no_bank,
                 "do not show the model the best kernels of similar problems from the store (the kernel bank)");
+  sub->add_option("--require", f->require,
+                  "robust: a kernel that only holds for get_inputs()'s distribution (specialised) counts as incorrect")
+      ->check(CLI::IsMember({"robust"}));
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
   AddGpusOption(sub, &f->gpus);

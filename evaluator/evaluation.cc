@@ -116,6 +116,12 @@ std::string Robustness::Summary() const {
   return out;
 }
 
+void RequireRobust(Evaluation& e) {
+  if (!e.correct() || !e.specialised()) return;
+  e.status = EvalStatus::kIncorrect;
+  e.message = e.robustness->Summary() + " (robust kernels required: --require robust)";
+}
+
 json RobustnessToJson(const Robustness& r) {
   json checks = json::array();
   for (const auto& c : r.checks) checks.push_back({{"check", c.check}, {"outcome", c.outcome}, {"detail", c.detail}});

@@ -146,6 +146,9 @@ struct Evaluation {
 };
 
 nlohmann::json EvaluationToJson(const Evaluation& e);
+// `search --require robust`: a specialised evaluation becomes incorrect, its
+// message naming the transform that broke it (the robustness stays recorded).
+void RequireRobust(Evaluation& e);
 nlohmann::json RobustnessToJson(const Robustness& r);
 Robustness RobustnessFromJson(const nlohmann::json& j);
 StatusOr<Evaluation> EvaluationFromJson(const nlohmann::json& j);

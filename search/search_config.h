@@ -52,6 +52,12 @@ struct SearchConfig {
   // kernel bank, search/kernel_bank.h) in round 0 and in ideas prompts.
   bool bank = true;
 
+  // `search --require robust`: a kernel correct on the get_inputs() sets but
+  // broken by a distribution-shifted set (Evaluation::specialised) counts as
+  // incorrect, and its repair prompt names the transform. Otherwise it is
+  // correct, ranked after every robust kernel.
+  bool require_robust = false;
+
   Status Validate() const;
 };
 
