@@ -331,7 +331,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"bad_complex.py", "dtype complex64"},
                       BadCase{"bad_import.py", "No module named 'kernelsearch_no_such_module'"},
                       BadCase{"no_such_problem.py", "no such file"},
-                      BadCase{"bad_tolerance_key.py", "keys: atol, rtol, rel_norm, large_rel, large_share"}),
+                      BadCase{"bad_tolerance_key.py", "keys: atol, rtol, rel_norm, large_rel, large_share"},
+                      BadCase{"bad_input_transforms.py", "INPUT_TRANSFORMS names unknown transform(s) 'scale'"}),
     [](const auto& info) {
       std::string n = info.param.file.substr(0, info.param.file.find('.'));
       for (char& ch : n)
@@ -369,7 +370,8 @@ TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
   EXPECT_EQ(d->device, "cpu");
   EXPECT_FALSE(d->eager.has_value());
   EXPECT_TRUE(d->warnings.empty()) << d->warnings.front();
-  ASSERT_EQ(d->sets.size(), 2u);
+  ASSERT_EQ(d->JudgingSets(), 2);
+  ASSERT_EQ(d->sets.size(), 6u);  // and one distribution-shifted set per transform (ShiftedSetsTest)
   EXPECT_EQ(d->sets[0].seed, 43u);
   EXPECT_EQ(d->sets[1].seed, 44u);
   EXPECT_THAT(d->dir, HasSubstr(cache.path()));
@@ -395,8 +397,134 @@ TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
   }
   EXPECT_NE(ReadFloats(*d, 0, "A"), ReadFloats(*d, 1, "A"));
   EXPECT_NE(ReadFloats(*d, 0, "out"), ReadFloats(*d, 1, "out"));
-  EXPECT_FALSE(d->FilePath(2, "A").ok());
+  EXPECT_FALSE(d->FilePath(6, "A").ok());
   EXPECT_FALSE(d->FilePath(0, "nope").ok());
+}
+
+// ---- Distribution-shifted input sets (evaluator/reference/transforms.py) ----
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+  return worst;
+}
+
+// out = A @ B in double, for checking a set's reference against its own inputs.
+std::vector<float> Matmul(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> out(64 * 48);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 48; ++j) {
+      double acc = 0;
+      for (int k = 0; k < 32; ++k) acc += double(a[i * 32 + k]) * b[k * 48 + j];
+      out[i * 48 + j] = static_cast<float>(acc);
+    }
+  return out;
+}
+
+TEST(ShiftedSetsTest, EachTransformOfSetZeroWithPyTorchsOwnOutput) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->transforms.size(), 4u);
+  const char* names[] = {"scale_up", "scale_down", "sign_flip", "outliers"};
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(d->transforms[t].name, names[t]);
+    ASSERT_EQ(d->transforms[t].set, 2 + t) << d->transforms[t].note;
+    EXPECT_EQ(d->sets[2 + t].transform, names[t]);
+    EXPECT_EQ(d->sets[2 + t].seed, 43u);  // input set 0, transformed
+  }
+  const std::vector<float> a0 = ReadFloats(*d, 0, "A"), b0 = ReadFloats(*d, 0, "B");
+  auto scaled = [](std::vector<float> v, float f) {
+    for (float& x : v) x *= f;
+    return v;
+  };
+  EXPECT_EQ(ReadFloats(*d, 2, "A"), scaled(a0, 1e5f));
+  EXPECT_EQ(ReadFloats(*d, 3, "B"), scaled(b0, 1e-5f));
+  EXPECT_EQ(ReadFloats(*d, 4, "A"), scaled(a0, -1.0f));
+  // Outliers: one element in 1024 (at least one), 1000 x the largest magnitude, the sign kept.
+  std::vector<float> a5 = ReadFloats(*d, 5, "A");
+  double amax = 0;
+  for (float x : a0) amax = std::max(amax, double(std::abs(x)));
+  int changed = 0;
+  for (size_t i = 0; i < a0.size(); ++i)
+    if (a5[i] != a0[i]) {
+      ++changed;
+      EXPECT_NEAR(std::abs(a5[i]), 1000 * amax, 1e-3 * amax);
+      EXPECT_EQ(a5[i] < 0, a0[i] < 0);
+    }
+  EXPECT_GE(changed, 1);
+  EXPECT_LE(changed, 2);  // 64 * 32 / 1024
+  // Each reference is PyTorch's output on that set's own inputs.
+  for (int s = 2; s < 6; ++s) {
+    std::vector<float> out = ReadFloats(*d, s, "out"), want = Matmul(ReadFloats(*d, s, "A"), ReadFloats(*d, s, "B"));
+    double scale = 0;
+    for (float x : want) scale = std::max(scale, double(std::abs(x)));
+    EXPECT_LT(MaxAbsDiff(out, want), 1e-5 * scale) << "set " << s;
+  }
+  EXPECT_TRUE(d->notes.empty()) << d->notes.front();
+}
+
+TEST(ShiftedSetsTest, ATransformOutsideTheOperatorsDomainIsDroppedWithANote) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("log_positive.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->JudgingSets(), 2);
+  ASSERT_EQ(d->transforms.size(), 4u);
+  EXPECT_EQ(d->transforms[2].name, "sign_flip");
+  EXPECT_EQ(d->transforms[2].set, -1);
+  EXPECT_THAT(d->transforms[2].note, HasSubstr("dropped"));
+  EXPECT_THAT(d->transforms[2].note, HasSubstr("NaN/Inf"));
+  // The others stay (outliers keep the sign, so log stays defined).
+  for (int t : {0, 1, 3}) EXPECT_GE(d->transforms[t].set, 2) << d->transforms[t].name << ": " << d->transforms[t].note;
+  EXPECT_EQ(d->sets.size(), 5u);
+  bool noted = false;
+  for (const auto& n : d->notes) noted = noted || n.find("'sign_flip'") != std::string::npos;
+  EXPECT_TRUE(noted);
+  EXPECT_TRUE(d->warnings.empty()) << d->warnings.front();  // not a degenerate problem
+}
+
+TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("scale_only_transforms.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->sets.size(), 3u);
+  EXPECT_EQ(d->sets[2].transform, "scale_down");
+  for (const auto& t : d->transforms)
+    if (t.name != "scale_down") {
+      EXPECT_EQ(t.set, -1);
+      EXPECT_THAT(t.note, HasSubstr("INPUT_TRANSFORMS"));
+    }
+  auto y0 = d->FilePath(0, "y"), y2 = d->FilePath(2, "y");
+  ASSERT_TRUE(y0.ok() && y2.ok());
+  EXPECT_EQ(*ReadFile(*y0), *ReadFile(*y2));
+
+  // INPUT_TRANSFORMS = []: none at all.
+  const std::string off = cache.path() + "/transforms_off.py";
+  std::string text = *ReadFile(Fixture("scale_only_transforms.py"));
+  text.replace(text.find("[\"scale_down\"]"), 14, "[]");
+  ASSERT_TRUE(WriteFile(off, text).ok());
+  auto none = PrepareReference(off, CpuOptions(cache.path()));
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(none->sets.size(), 2u);
+  ASSERT_EQ(none->transforms.size(), 4u);
+  for (const auto& t : none->transforms) EXPECT_EQ(t.set, -1);
+}
+
+TEST(ShiftedSetsTest, NoRoomLeavesThemOutButKeepsTheJudgingSets) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 2);
+  constexpr uint64_t kSet = (64 * 32 + 32 * 48 + 64 * 48) * 4;
+  o.cache_cap = 3 * kSet + kSet / 2;  // two judging sets and one shifted one
+  auto d = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->JudgingSets(), 2);
+  ASSERT_EQ(d->sets.size(), 3u);
+  EXPECT_EQ(d->sets[2].transform, "scale_up");
+  EXPECT_THAT(d->transforms[1].note, HasSubstr("no room"));
 }
 
 TEST(ReferenceTest, ParametersAreSharedAndSeeded) {
