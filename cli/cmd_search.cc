@@ -49,6 +49,7 @@ struct SearchFlags {
   bool allow_degenerate = false;
   bool no_bank = false;
   std::string require;  // --require robust
+  std::string precision = "fp32";  // --precision fp32 | tf32 (GpuEvaluatorOptions::precision)
   bool quiet = false;
   bool json = false;
   std::string evaluator;
@@ -257,7 +258,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   std::optional<GpuFacts> measured_gpu;
   if (!f.generate_only) {
     auto made = MakeSearchEvaluator(problem_file,
-                                    {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
+                                    {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision});
     if (!made.ok()) return ReportError(made.status());
     evaluator = std::move(made->evaluator);
     // What the prompts say about the GPU is fixed when the search is created:
@@ -457,7 +458,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
     return LoadProblemSignature(file, bridge);
   };
   hooks.evaluator = [&](const std::string& file) {
-    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
+    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision});
   };
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -504,7 +505,7 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     auto file = StoredProblemFile(*problem);
     if (!file.ok()) return ReportError(file.status());
     auto made =
-        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
+        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision});
     if (!made.ok()) return ReportError(made.status());
     // What this GPU node measured goes into the store, so that the model side
     // tells the model true figures (search --generate-only --resume / --gpu NAME).
@@ -558,6 +559,10 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--require", f->require,
                   "robust: a kernel that only holds for get_inputs()'s distribution (specialised) counts as incorrect")
       ->check(CLI::IsMember({"robust"}));
+  sub->add_option("--precision", f->precision,
+                  "the accuracy candidates are held to: fp32 (default) or tf32 (PyTorch's default TF32 error allowed "
+                  "where its defaults use TF32, as cuDNN convolutions do)")
+      ->check(CLI::IsMember({"fp32", "tf32"}));
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
   AddGpusOption(sub, &f->gpus);

@@ -46,6 +46,13 @@ void PrintEvaluation(const Evaluation& e) {
     if (e.speedup_compile) std::printf("  -> speedup %.2fx", *e.speedup_compile);
     std::printf("  (torch.compile)\n");
   }
+  if (e.eager_fp32) {
+    std::printf("eager fp32: median %s", Ms(e.eager_fp32->median_ms).c_str());
+    if (e.speedup_eager_fp32) std::printf("  -> speedup %.2fx", *e.speedup_eager_fp32);
+    std::printf("  (PyTorch eager with TF32 off)\n");
+  }
+  if (!e.precision.empty())
+    std::printf("precision: held to %s; speedups above are against %s\n", e.precision.c_str(), e.baseline.c_str());
   if (e.roofline) {
     const auto& r = *e.roofline;
     std::printf("roofline: %.3g MB must move, %.0f GB/s achieved", r.bytes / 1e6, r.achieved_gbps);

@@ -95,6 +95,10 @@ json EvaluationToJson(const Evaluation& e) {
     j["phases_s"] = ph;
   }
   if (e.robustness) j["robustness"] = RobustnessToJson(*e.robustness);
+  if (!e.precision.empty()) j["precision"] = e.precision;
+  if (!e.baseline.empty()) j["baseline"] = e.baseline;
+  if (e.eager_fp32) j["eager_fp32"] = TimingToJson(*e.eager_fp32);
+  if (e.speedup_eager_fp32) j["speedup_eager_fp32"] = *e.speedup_eager_fp32;
   return j;
 }
 
@@ -198,6 +202,11 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
     for (const auto& [name, v] : j["phases_s"].items())
       if (v.is_number()) e.phases.emplace_back(name, v.get<double>());
   if (j.contains("robustness") && j["robustness"].is_object()) e.robustness = RobustnessFromJson(j["robustness"]);
+  e.precision = j.value("precision", "");
+  e.baseline = j.value("baseline", "");
+  if (j.contains("eager_fp32") && j["eager_fp32"].is_object()) e.eager_fp32 = TimingFromJson(j["eager_fp32"]);
+  if (j.contains("speedup_eager_fp32") && j["speedup_eager_fp32"].is_number())
+    e.speedup_eager_fp32 = j["speedup_eager_fp32"].get<double>();
   return e;
 }
 

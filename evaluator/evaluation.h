@@ -137,6 +137,16 @@ struct Evaluation {
   // Where eval_s went, in order (GPU evaluations): "load", "correctness",
   // "warmup", "timed", "profile", "final_checks", "worker_start"; seconds.
   std::vector<std::pair<std::string, double>> phases;
+  // The precision contract (issue 27). `precision`: what the candidate is held
+  // to, "fp32" (exact to fp32; the reference is computed with TF32 off) or
+  // "tf32" (the tolerance widened to PyTorch's default TF32 error); "" before
+  // it was recorded. `baseline`: what speedup_eager and speedup_compile are
+  // against, in words. Where PyTorch's defaults use TF32 (cuDNN convolutions),
+  // eager is also timed with TF32 off: eager_fp32 and speedup_eager_fp32.
+  std::string precision;
+  std::string baseline;
+  std::optional<TimingStats> eager_fp32;
+  std::optional<double> speedup_eager_fp32;
   // Correct candidates on a GPU: what held beyond the get_inputs() sets.
   // Absent for other statuses, fakes and evaluations stored before it existed.
   std::optional<Robustness> robustness;

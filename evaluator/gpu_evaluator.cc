@@ -227,6 +227,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   e.compile_s = compiled.seconds;
   for (const auto& k : compiled.kernels) e.resources.push_back(k.resources);
   auto finish = [&](EvalStatus st, const std::string& msg) {
+    NamePrecisionContract(e);  // in every result, whatever its status
     e.status = st;
     e.message = msg;
     e.worker_log = TakeWorkerLog();

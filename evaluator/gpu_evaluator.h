@@ -107,6 +107,11 @@ struct GpuEvaluatorOptions {
   bool measure_peaks = true;        // for a problem with FLOPS: measure (once per GPU, cached) the
                                     // matmul peak of its compute class (MeasureDevicePeaks)
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
+  // The precision contract (Evaluation::precision): "fp32" holds a candidate
+  // to the full-fp32 reference; "tf32" widens each float32 output's tolerance
+  // to twice the error of PyTorch's default precision (TF32 convolutions) on
+  // it, where that differs (ReferenceData::default_precision_error).
+  std::string precision = "fp32";
 };
 
 // Compile threads for each of `gpus` evaluators of one host: the CPU cores but
@@ -200,6 +205,10 @@ class GpuEvaluator : public CandidateEvaluator {
   // *robustness (gpu_evaluator_robust.cc). A run that crashes, hangs or fails
   // to launch there is returned: it fails the candidate as any run does.
   std::optional<RunResult> CheckShiftedSets(const std::function<RunResult(int)>& run, Robustness* robustness);
+  // The tolerance of output `t` under opts_.precision (gpu_evaluator_robust.cc).
+  Tolerance ContractTolerance(const TensorSpec& t) const;
+  // Fills e's precision contract: what it is held to, the baselines and what its speedups are against.
+  void NamePrecisionContract(Evaluation& e) const;
   // A shifted set's atol: the output's scale changed with its inputs, and an
   // absolute tolerance is relative to that scale (1 for a get_inputs() set).
   double ShiftedAtolScale(const OutputSlot& o, int set) const;

@@ -6,6 +6,7 @@
 // values in [0, 1) only; an exp without the max subtracted) from passing
 // unmarked: it stays correct, marked specialised with the first transform
 // that broke it, and the search and `export` act on the mark.
+#include <algorithm>
 #include <cmath>
 
 #include "evaluator/gpu_evaluator.h"
@@ -48,6 +49,40 @@ std::optional<GpuEvaluator::RunResult> GpuEvaluator::CheckShiftedSets(const std:
   robustness->checks.push_back({"shapes", "not_checked",
                                 "the problem declares one shape (get_inputs()): shapes were not varied"});
   return std::nullopt;
+}
+
+// How much less accurate than PyTorch's default precision a "tf32" candidate
+// may be: twice its error, as an honest 1xTF32 kernel's summation order differs
+// from cuDNN's by about as much again.
+constexpr double kTf32Factor = 2;
+
+Tolerance GpuEvaluator::ContractTolerance(const TensorSpec& t) const {
+  Tolerance tol = ref_.signature.ToleranceFor(t);
+  if (opts_.precision != "tf32" || t.dtype != DType::kFloat32) return tol;
+  auto it = ref_.default_precision_error.find(t.name);
+  if (it == ref_.default_precision_error.end()) return tol;
+  const ReferenceData::PrecisionError& d = it->second;
+  tol.atol += kTf32Factor * d.max_abs;
+  tol.rel_norm = std::max(tol.rel_norm, kTf32Factor * d.rel_norm);
+  // As a problem's looser rtol loosens the large-error threshold (signature.h).
+  if (tol.large_rel > 0) tol.large_rel = std::max(tol.large_rel, 10 * tol.rel_norm);
+  return tol;
+}
+
+void GpuEvaluator::NamePrecisionContract(Evaluation& e) const {
+  const bool differs = !ref_.default_precision_error.empty();
+  e.precision = opts_.precision;
+  if (!differs) {
+    e.baseline = "PyTorch's defaults, which compute in full fp32 here as the reference does";
+    return;
+  }
+  e.baseline = "PyTorch's defaults, which compute this problem's convolutions in TF32 (torch.backends.cudnn."
+               "allow_tf32); eager_fp32 is eager with TF32 off, the precision the reference is computed at";
+  if (opts_.precision == "tf32")
+    e.baseline += "; held to --precision tf32: the tolerance is widened to twice PyTorch's own TF32 error";
+  e.eager_fp32 = ref_.eager_fp32;
+  if (ref_.eager_fp32 && e.timing && e.timing->median_ms > 0)
+    e.speedup_eager_fp32 = ref_.eager_fp32->median_ms / e.timing->median_ms;
 }
 
 }  // namespace ks

@@ -458,6 +458,14 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   if (j.contains("scalars") && j["scalars"].is_object())
     for (const auto& [k, v] : j["scalars"].items())
       if (v.is_number()) d.scalars[k] = v.get<double>();
+  if (j.contains("timing") && j["timing"].is_object() && j["timing"].contains("eager_fp32") &&
+      j["timing"]["eager_fp32"].is_object())
+    d.eager_fp32 = TimingFromJson(j["timing"]["eager_fp32"]);
+  if (j.contains("default_precision") && j["default_precision"].is_object() &&
+      j["default_precision"].contains("errors") && j["default_precision"]["errors"].is_object())
+    for (const auto& [name, e] : j["default_precision"]["errors"].items())
+      if (e.is_object())
+        d.default_precision_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0), e.value("max_abs", 0.0)};
   if (j.contains("transforms") && j["transforms"].is_array())
     for (const auto& t : j["transforms"]) {
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) continue;

@@ -169,6 +169,16 @@ struct ReferenceData {
   // Every transform the bridge knows, in the order they are checked; empty
   // for a reference made before they existed.
   std::vector<InputTransform> transforms;
+  // The precision contract: the reference runs in full fp32 (TF32 off), while
+  // PyTorch's defaults (which eager and compiled are timed with) compute cuDNN
+  // convolutions in TF32. By float32 output, how far the defaults are from the
+  // reference on input set 0 ({"rms", "rel_norm", "max_abs"}); empty where
+  // they give the same bits (no TF32 path here), and the baselines are one.
+  struct PrecisionError {
+    double rms = 0, rel_norm = 0, max_abs = 0;
+  };
+  std::map<std::string, PrecisionError> default_precision_error;
+  std::optional<TimingStats> eager_fp32;  // eager with TF32 off; only where the defaults differ
   bool from_cache = false;               // true when an existing entry was reused
   int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)
   std::vector<std::string> evicted;      // cache entries removed to make room for this one

@@ -51,6 +51,10 @@ std::string Describe(const store::CandidateRow& c) {
   std::string limit;
   if (robust.is_object() && robust.value("specialised", false))
     limit = "; SPECIALISED: " + RobustnessFromJson(robust).Summary() + "; check() it on your own inputs";
+  if (e.is_object() && e.value("precision", "") == "tf32")
+    limit += "; held to TF32 accuracy (--precision tf32: twice PyTorch's default TF32 error), not exact fp32";
+  else if (e.is_object() && e.value("precision", "") == "fp32")
+    limit += "; held to fp32 accuracy";
   if (c.evaluation->speedup_eager)
     return fmt::format("correct, {:.2f}x over PyTorch eager{}{}", *c.evaluation->speedup_eager, on, limit);
   return "correct" + on + limit;

@@ -1007,6 +1007,57 @@ def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_
     return errors, note
 
 
+def measure_default_precision(problem, model, snapshot, set_seed, device, outputs, tf32_defaults):
+    """The precision contract (issue 27): the reference runs in full fp32
+    (TF32 off), while PyTorch's defaults, which users run and eager and
+    torch.compile are timed with, compute cuDNN convolutions (and matmuls, where
+    torch.backends.cuda.matmul.allow_tf32 is on) in TF32. This runs input set
+    `set_seed` once more with the defaults and returns ({name: {"rms",
+    "rel_norm", "max_abs"}} of default - fp32 for each float32 output that
+    differs, note). {} when every output has the same bits (no TF32 path: no
+    convolution, a CPU, defaults off): the two baselines are then one. The
+    model's state is restored before, the flags after."""
+    import torch
+    if device.type != "cuda" or not any(tf32_defaults):
+        return {}, None
+    names = [name for name, t in outputs if t.dtype == torch.float32]
+    if not names:
+        return {}, None
+    what = "the run with PyTorch's default precision (TF32)"
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
+        _restore_state(model, snapshot)
+        inputs = problem.inputs(set_seed, device)
+        _seed_everything(set_seed)
+        result = problem.forward(model, inputs)
+        del inputs
+    except oom:
+        return {}, "%s ran out of GPU memory: only the fp32 baseline is known" % what
+    except BridgeError as e:
+        return {}, "%s failed (%s): only the fp32 baseline is known" % (what, e.message[:200])
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+        _restore_state(model, snapshot)
+    errors = {}
+    for (name, t32), (_, td) in zip(outputs, result):
+        if name not in names or td.shape != t32.shape or td.dtype != t32.dtype or torch.equal(td, t32):
+            continue
+        e = _rounding_error(td, t32)
+        a, b = td.detach().reshape(-1), t32.detach().reshape(-1)
+        worst = 0.0
+        for i in range(0, a.numel(), CHUNK_ELEMENTS):
+            d = (a[i:i + CHUNK_ELEMENTS].double() - b[i:i + CHUNK_ELEMENTS].double()).abs()
+            d = d[torch.isfinite(d)]
+            if d.numel():
+                worst = max(worst, float(d.max()))
+        e["max_abs"] = worst
+        errors[name] = e
+    del result
+    return errors, None
+
+
 def _rounding_error(t32, t64):
     """{"rms", "rel_norm"} of t32 - t64 over the elements finite in both (chunked)."""
     import torch
@@ -1240,6 +1291,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             if note:
                 notes.add_plain(note)
             phase("float64 rounding check")
+            default_error, note = measure_default_precision(problem, model, snapshot, set_seed, device, outputs,
+                                                            tf32_defaults)
+            if note:
+                notes.add_plain(note)
+            phase("PyTorch's default precision (TF32) check")
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -1326,8 +1382,18 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             if note:  # it failed after compiling: timed here, as without a helper
                 notes.add_plain(note)
                 eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        eager_fp32 = None
+        if default_error:
+            # The defaults compute in TF32 here: eager at the precision the
+            # candidate is held to as well, so that a speedup can name either.
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            t0 = time.monotonic()
+            with torch.no_grad():
+                eager_fp32 = ks_timing.Timer(device).measure(model, timing_sets)
+            phases["eager timing with TF32 off"] = time.monotonic() - t0
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
         clock[0] = time.monotonic()
-        timing = {"eager": eager, "compiled": compiled}
+        timing = {"eager": eager, "compiled": compiled, "eager_fp32": eager_fp32}
         for w in timing_warnings:
             warnings.add_plain(w)
     del timing_sets
@@ -1365,6 +1431,9 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         "timing": timing,
         "warnings": warnings.messages(sets),
         "notes": notes.messages(sets),
+        # The precision contract: how far PyTorch's defaults (TF32 in cuDNN convolutions)
+        # are from the full-fp32 reference, by float32 output; {} where they give the same bits.
+        "default_precision": {"tf32_defaults": list(tf32_defaults), "errors": default_error},
         # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
         "transforms": transform_info,
         "scalars": scalars,
