@@ -15,6 +15,13 @@
 // together after the last: its outputs, every input set, guards, globals,
 // scratch. Nothing a warm-up run could leave behind survives into a timed run.
 //
+// A candidate correct on every get_inputs() set runs once more on each
+// distribution-shifted set (ReferenceSet::transform: inputs scaled, negated,
+// with outliers; gpu_evaluator_robust.cc). Stops a kernel specialised to
+// get_inputs()'s distribution (fp16-split fp32, an unguarded exp) passing
+// unmarked: it stays correct, marked specialised (Evaluation::robustness).
+// Shifted sets are never warmed up on or timed.
+//
 // Every place a kernel can write, and how it is reset or verified between runs
 // (a run keeping state is how cached answers and call counters work):
 //  - outputs: poisoned (a NaN pattern) before each run; every element must be

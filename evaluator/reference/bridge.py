@@ -1463,9 +1463,11 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
     tensor_specs = [spec for spec in sig_inputs if spec["kind"] == "tensor"]
 
     def fresh(name):
-        return transforms.apply(name, problem.inputs(set_seed, device), set_seed)
+        # Set 0's inputs made again and transformed in place: one copy of them in memory.
+        return transforms.apply(name, problem.inputs(set_seed, device), set_seed, in_place=True)
 
-    no_floats = not transforms.has_floating_inputs(problem.inputs(set_seed, device))
+    no_floats = not any(spec["kind"] == "tensor" and spec["dtype"] in ("float32", "float16", "bfloat16", "float64")
+                        for spec in sig_inputs)
     for name in transforms.TRANSFORMS:
         if name not in wanted:
             info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})

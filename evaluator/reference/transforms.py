@@ -93,10 +93,11 @@ def _absmax(t):
     return best if math.isfinite(best) else 0.0
 
 
-def apply(name, inputs, seed):
+def apply(name, inputs, seed, in_place=False):
     """A new list: `inputs` (forward's arguments) with transform `name` applied
     to every floating-point tensor. Deterministic in (inputs, seed): the outlier
-    positions come from a CPU generator seeded with `seed`."""
+    positions come from a CPU generator seeded with `seed`. `in_place`: the
+    tensors themselves are changed (no second copy of a multi-GB input)."""
     import torch
     out = []
     for k, v in enumerate(inputs):
@@ -104,11 +105,11 @@ def apply(name, inputs, seed):
             out.append(v)
             continue
         if name in ("scale_up", "scale_down"):
-            out.append(v * _scale(name, v))
+            out.append(v.mul_(_scale(name, v)) if in_place else v * _scale(name, v))
         elif name == "sign_flip":
-            out.append(-v)
+            out.append(v.neg_() if in_place else -v)
         elif name == "outliers":
-            t = v.detach().clone().contiguous()
+            t = v.detach() if in_place and v.is_contiguous() else v.detach().clone().contiguous()
             flat = t.reshape(-1)
             n = flat.numel()
             if n:
