@@ -38,6 +38,7 @@ std::vector<int64_t> SelectBeam(const std::vector<store::CandidateRow>& correct,
     size_t pick = 0;
     for (size_t i = 0; i < remaining.size(); ++i) {
       if (*remaining[i].first.evaluation->median_ms > fastest * (1 + kTieTolerance)) break;
+      if (Specialised(remaining[i].first) != Specialised(remaining.front().first)) break;  // never a tie
       if (!ideas_in_beam.count(remaining[i].first.idea_id)) {
         pick = i;
         break;
