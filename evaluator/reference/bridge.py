@@ -127,6 +127,9 @@ class Problem:
         self.abspath = os.path.abspath(path)
         self.name = os.path.splitext(os.path.basename(path))[0]
         self.module = None
+        # Which of get_inputs_variants()'s input lists inputs() returns (other
+        # shapes, issue 27); None: get_inputs() itself.
+        self.variant = None
 
     # -- errors -------------------------------------------------------------------
 
@@ -215,6 +218,10 @@ class Problem:
         desc = getattr(m, "DESCRIPTION", None)
         if desc is not None and not isinstance(desc, str):
             raise self.fail("bad_metadata", "DESCRIPTION must be a string, got %s" % type(desc).__name__)
+        variants = getattr(m, "get_inputs_variants", None)
+        if variants is not None and not callable(variants):
+            raise self.fail("bad_metadata", "get_inputs_variants is not a function (it returns a list of input lists, "
+                            "each like get_inputs()'s at other shapes)")
         if getattr(m, "INPUT_TRANSFORMS", None) is not None:
             import transforms
             why = transforms.check_metadata(m.INPUT_TRANSFORMS)
@@ -289,14 +296,41 @@ class Problem:
             raise self.fail("no_model", "Model(...).to() did not return a module")
         return model
 
+    def variant_count(self):
+        """How many input lists get_inputs_variants() returns (0 without it),
+        counted on the meta device where it can be: nothing is allocated."""
+        fn = getattr(self.module, "get_inputs_variants", None)
+        if fn is None:
+            return 0
+        try:
+            with _meta_mode_class()():
+                values = fn()
+        except Exception:  # noqa: BLE001 - counted for real below, errors reported there
+            try:
+                values = fn()
+            except Exception as e:  # noqa: BLE001
+                raise self.error("get_inputs_error", "get_inputs_variants()", e)
+        if not isinstance(values, (list, tuple)) or not all(isinstance(v, (list, tuple)) for v in values):
+            raise self.fail("bad_inputs", "get_inputs_variants() must return a list of input lists (each like "
+                            "get_inputs()'s), got %s" % type(values).__name__)
+        return len(values)
+
     def inputs(self, seed, device):
         import torch
         _seed_everything(seed)
+        what = "get_inputs()" if self.variant is None else "get_inputs_variants()"
         try:
             with _creating_on(device):
-                values = self.module.get_inputs()
+                if self.variant is None:
+                    values = self.module.get_inputs()
+                else:
+                    variants = self.module.get_inputs_variants()
+                    values = variants[self.variant] if isinstance(variants, (list, tuple)) and \
+                        len(variants) > self.variant else None
         except Exception as e:  # noqa: BLE001
-            raise self.error("get_inputs_error", "get_inputs()", e)
+            raise self.error("get_inputs_error", what, e)
+        if values is None:
+            raise self.fail("bad_inputs", "get_inputs_variants() has no input list %d" % self.variant)
         if not isinstance(values, (list, tuple)):
             raise self.fail("bad_inputs", "get_inputs() must return a list, got %s" % type(values).__name__)
         out = []
@@ -1434,6 +1468,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         # The precision contract: how far PyTorch's defaults (TF32 in cuDNN convolutions)
         # are from the full-fp32 reference, by float32 output; {} where they give the same bits.
         "default_precision": {"tf32_defaults": list(tf32_defaults), "errors": default_error},
+        # Other shapes (get_inputs_variants()): how many the problem declares
+        # (each is a reference of its own, bridge.py reference --variant I), or
+        # which one this reference is.
+        "shape_variants": problem.variant_count() if problem.variant is None else 0,
+        "shape_variant": problem.variant,
         # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
         "transforms": transform_info,
         "scalars": scalars,
@@ -1866,6 +1905,9 @@ def _parser():
             s.add_argument("--device-budget", type=int, default=0)
             # Room for this many distribution-shifted sets (transforms.py); 0: none.
             s.add_argument("--transform-sets", type=int, default=4)
+        if name in ("signature", "reference"):
+            # The problem's input list I of get_inputs_variants() instead of get_inputs() (other shapes).
+            s.add_argument("--variant", type=int, default=None)
     s = sub.add_parser("peaks")
     s.add_argument("--index", type=int, default=0)
     s.add_argument("--n", type=int, default=8192)
@@ -1907,6 +1949,7 @@ def main(argv):
         if args.command == "peaks":
             return emit(cmd_peaks(args), 0)
         problem = Problem(args.problem).load()
+        problem.variant = getattr(args, "variant", None)
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check,
                   "time-compiled": cmd_time_compiled}[args.command](
             problem, args)
