@@ -1819,14 +1819,18 @@ def cmd_reference(problem, args):
                 manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room)
                 write_manifest(out, manifest)
                 return manifest
-            sets, why = fit_resident(sig, args.sets, args.device_budget)
-            if sets < min(args.sets, 2):
+            plain, why = fit_resident(sig, args.sets, args.device_budget)
+            if plain < min(args.sets, 2):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
+            # The distribution-shifted sets share the room: where it is short,
+            # judging sets beyond two make way for them (PrepareReference's rule).
+            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget)
+            sets = min(args.sets, max(min(args.sets, 2), total - args.transform_sets))
+            room = max(0, min(args.transform_sets, total - sets))
             if sets < args.sets:
-                warning = "using %d of the %d input sets asked for: %s" % (sets, args.sets, why)
-            # The distribution-shifted sets take what the judging sets leave.
-            with_room, _ = fit_resident(sig, sets + args.transform_sets, args.device_budget)
-            room = max(0, min(args.transform_sets, with_room - sets))
+                warning = "using %d of the %d input sets asked for%s: %s" % (
+                    sets, args.sets, " (and %d distribution-shifted set(s) in the room of the others)" % room
+                    if sets < plain else "", why or why_all)
         else:
             room = args.transform_sets
         _RESIDENT = _Resident()

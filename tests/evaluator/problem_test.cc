@@ -525,6 +525,16 @@ TEST(ShiftedSetsTest, NoRoomLeavesThemOutButKeepsTheJudgingSets) {
   ASSERT_EQ(d->sets.size(), 3u);
   EXPECT_EQ(d->sets[2].transform, "scale_up");
   EXPECT_THAT(d->transforms[1].note, HasSubstr("no room"));
+
+  // Three judging sets asked for where three sets fit in all: the third makes way for a shifted one.
+  o.sets = 3;
+  auto shared = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(shared.ok()) << shared.status().message();
+  EXPECT_EQ(shared->JudgingSets(), 2);
+  ASSERT_EQ(shared->sets.size(), 3u);
+  EXPECT_EQ(shared->sets[2].transform, "scale_up");
+  ASSERT_FALSE(shared->warnings.empty());
+  EXPECT_THAT(shared->warnings[0], HasSubstr("using 2 of the 3 input sets asked for (and 1 distribution-shifted"));
 }
 
 TEST(ReferenceTest, ParametersAreSharedAndSeeded) {
