@@ -505,7 +505,7 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
     auto file = StoredProblemFile(*problem);
     if (!file.ok()) return ReportError(file.status());
     auto made =
-        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision});
+        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
     if (!made.ok()) return ReportError(made.status());
     // What this GPU node measured goes into the store, so that the model side
     // tells the model true figures (search --generate-only --resume / --gpu NAME).

@@ -51,9 +51,9 @@ extern "C" __global__ void fp32_gemm(const float* __restrict__ A, const float* _
 )CUDA";
 
 std::string GemmPlan(const char* kernel) {
-  return std::string(R"({"launches": [{"kernel": ")") + kernel +
-         R"(", "grid": ["cdiv(A.shape[1], 16)", "cdiv(A.shape[0], 16)"], "block": [16, 16], )"
-         R"("args": ["A", "B", "out", "A.shape[0]"]}]})";
+  return std::string(R"P({"launches": [{"kernel": ")P") + kernel +
+         R"P(", "grid": ["cdiv(A.shape[1], 16)", "cdiv(A.shape[0], 16)"], "block": [16, 16], )P"
+         R"P("args": ["A", "B", "out", "A.shape[0]"]}]})P";
 }
 
 const RobustnessCheck* Find(const Robustness& r, const std::string& check) {
@@ -118,8 +118,8 @@ TEST(RobustnessGpuTest, LogOfPositiveInputsDropsTheSignFlipAndPassesAnHonestKern
   KS_REQUIRE_GPU();
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("log_positive.py"));
   ASSERT_NE(ev, nullptr);
-  Evaluation e = EvalOne(ev, kLog, R"({"launches": [{"kernel": "log_kernel", "grid": ["cdiv(x.numel, 256)"],
-    "block": [256], "args": ["x", "out", "x.numel"]}]})");
+  Evaluation e = EvalOne(ev, kLog, R"P({"launches": [{"kernel": "log_kernel", "grid": ["cdiv(x.numel, 256)"],
+    "block": [256], "args": ["x", "out", "x.numel"]}]})P");
   ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
   ASSERT_TRUE(e.robustness.has_value());
   EXPECT_FALSE(e.specialised()) << e.robustness->Summary();
