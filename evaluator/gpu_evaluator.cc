@@ -174,8 +174,10 @@ Status GpuEvaluator::Setup() {
   CUipcMemHandle h;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
   ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  if (correctness_only_) return StartWorker();  // never timed: no bandwidth, no peaks
   KS_RETURN_IF_ERROR(MeasureBandwidth());
   if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
+  KS_RETURN_IF_ERROR(SetupOtherShapes());
   return StartWorker();
 }
 
@@ -361,6 +363,10 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     first_ms.push_back(r.ms);
   }
   phase("correctness");
+  if (correctness_only_) {  // another shape of the problem (CheckOtherShapes): held
+    unload();
+    return finish(EvalStatus::kCorrect, "");
+  }
   Robustness robustness;
   if (auto failed = CheckShiftedSets(run, &robustness)) {
     take_errors();
@@ -368,6 +374,8 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     return finish(failed->status, failed->message);
   }
   phase("shifted_inputs");
+  CheckOtherShapes(candidate, compiled, &robustness);
+  phase("other_shapes");
   // Warm-up (as timing.py: at least 3 runs and warmup_ms of run time, at most
   // 1000 runs), then timed runs. Every timed run is verified.
   double estimate = std::max(Summarize(first_ms).median_ms, 1e-3);

@@ -212,6 +212,12 @@ class GpuEvaluator : public CandidateEvaluator {
   // *robustness (gpu_evaluator_robust.cc). A run that crashes, hangs or fails
   // to launch there is returned: it fails the candidate as any run does.
   std::optional<RunResult> CheckShiftedSets(const std::function<RunResult(int)>& run, Robustness* robustness);
+  // The problem's other shapes (ReferenceData::shape_variants), each judged by
+  // an evaluator of its own (correctness only, its own worker) through the
+  // same plan expressions: what held goes into *robustness.
+  void CheckOtherShapes(const Candidate& candidate, const CompileResult& compiled, Robustness* robustness);
+  // Starts the evaluators of the other shapes (Setup).
+  Status SetupOtherShapes();
   // The tolerance of output `t` under opts_.precision (gpu_evaluator_robust.cc).
   Tolerance ContractTolerance(const TensorSpec& t) const;
   // Fills e's precision contract: what it is held to, the baselines and what its speedups are against.
@@ -251,6 +257,10 @@ class GpuEvaluator : public CandidateEvaluator {
   int worker_restarts_ = 0;
   uint64_t worker_heap_bytes_ = 0;
   double best_ms_ = 0;
+  // An evaluator of another shape (SetupOtherShapes): correctness on its
+  // get_inputs_variants() sets only, no shifted sets, no timing.
+  bool correctness_only_ = false;
+  std::vector<std::unique_ptr<GpuEvaluator>> shape_evaluators_;
 };
 
 }  // namespace ks

@@ -45,10 +45,42 @@ std::optional<GpuEvaluator::RunResult> GpuEvaluator::CheckShiftedSets(const std:
       return r;
     }
   }
-  // KernelBench's format has one shape per problem: say so rather than imply more was checked.
-  robustness->checks.push_back({"shapes", "not_checked",
-                                "the problem declares one shape (get_inputs()): shapes were not varied"});
   return std::nullopt;
+}
+
+Status GpuEvaluator::SetupOtherShapes() {
+  for (const ReferenceData& variant : ref_.shape_variants) {
+    GpuEvaluatorOptions vo = opts_;
+    vo.measure_peaks = false;
+    vo.run_timeout_s = RunTimeout();  // the variant is untimed: the main shape's limit
+    std::unique_ptr<GpuEvaluator> e(new GpuEvaluator(variant, vo));
+    e->correctness_only_ = true;
+    KS_RETURN_IF_ERROR(e->Setup().WithContext("the evaluator of the problem's shape " + ShapeVariantName(variant)));
+    shape_evaluators_.push_back(std::move(e));
+  }
+  return Status::Ok();
+}
+
+void GpuEvaluator::CheckOtherShapes(const Candidate& candidate, const CompileResult& compiled,
+                                    Robustness* robustness) {
+  if (shape_evaluators_.empty()) {
+    // KernelBench's format has one shape per problem: say so rather than imply more was checked.
+    robustness->checks.push_back({"shapes", "not_checked",
+                                  "the problem declares one shape (get_inputs(); no get_inputs_variants()): "
+                                  "shapes were not varied"});
+    return;
+  }
+  for (auto& ev : shape_evaluators_) {
+    const std::string at = ShapeVariantName(ev->ref_);
+    Evaluation v = ev->EvaluateCompiled(candidate, compiled);
+    if (v.correct()) {
+      robustness->checks.push_back({"shapes", "held", at});
+      continue;
+    }
+    // A kernel with sizes written into it, or a plan that only fits get_inputs()'s shapes.
+    robustness->checks.push_back({"shapes", "broke", at + ": " + EvalStatusName(v.status) + ": " + v.message});
+    if (robustness->broken_by.empty()) robustness->broken_by = "shapes";
+  }
 }
 
 // How much less accurate than PyTorch's default precision a "tf32" candidate

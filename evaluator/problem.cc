@@ -466,6 +466,8 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
     for (const auto& [name, e] : j["default_precision"]["errors"].items())
       if (e.is_object())
         d.default_precision_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0), e.value("max_abs", 0.0)};
+  if (j.contains("shape_variants") && j["shape_variants"].is_number_integer())
+    d.shape_variant_count = std::max(0, j["shape_variants"].get<int>());
   if (j.contains("transforms") && j["transforms"].is_array())
     for (const auto& t : j["transforms"]) {
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) continue;
@@ -738,7 +740,55 @@ Status WriteTimingEntry(const fs::path& cache, const fs::path& final_dir, const 
 
 }  // namespace
 
+namespace {
+StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const ReferenceOptions& opts);
+
+// The shapes of a variant's inputs, for messages: "x [7, 1000], w [3]".
+std::string InputShapes(const Signature& sig) {
+  std::string out;
+  for (const auto& t : sig.inputs) {
+    if (t.is_scalar) continue;
+    out += (out.empty() ? "" : ", ") + t.name + " [";
+    for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? ", " : "") + std::to_string(t.shape[i]);
+    out += "]";
+  }
+  return out;
+}
+}  // namespace
+
+std::string ShapeVariantName(const ReferenceData& variant) { return "at " + InputShapes(variant.signature); }
+
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts) {
+  KS_ASSIGN_OR_RETURN(ReferenceData d, PrepareOneReference(file, opts));
+  if (opts.shape_variant >= 0) return d;
+  for (int i = 0; i < d.shape_variant_count; ++i) {
+    ReferenceOptions vo = opts;
+    vo.shape_variant = i;
+    vo.sets = 2;       // correctness only: two sets tell a kernel that ignores its inputs
+    vo.time = false;   // never timed at other shapes
+    const std::string which = file + ": get_inputs_variants()[" + std::to_string(i) + "]";
+    auto v = PrepareOneReference(file, vo);
+    if (!v.ok()) return v.status().WithContext(which);
+    // The same inputs, parameters and outputs by name and dtype; only shapes may differ.
+    auto same = [](const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t k = 0; k < a.size(); ++k)
+        if (a[k].name != b[k].name || a[k].dtype != b[k].dtype || a[k].is_scalar != b[k].is_scalar) return false;
+      return true;
+    };
+    if (!same(v->signature.inputs, d.signature.inputs) || !same(v->signature.outputs, d.signature.outputs))
+      return InvalidArgument(which + " has other inputs or outputs (names, dtypes) than get_inputs(); only shapes "
+                             "may differ");
+    for (size_t k = 0; k < d.signature.parameters.size(); ++k)
+      if (v->signature.parameters[k].shape != d.signature.parameters[k].shape)
+        return InvalidArgument(which + ": the parameters' shapes change with the inputs; only inputs may");
+    d.shape_variants.push_back(std::move(v).value());
+  }
+  return d;
+}
+
+namespace {
+StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const ReferenceOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
   if (opts.sets < 1) return InvalidArgument("the number of input sets must be at least 1");
   if (opts.device != "auto" && opts.device != "cuda" && opts.device != "cpu")
@@ -786,6 +836,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     AddKeyField(key, "transforms", transforms_bytes);
     AddKeyField(key, "torch", py.torch_version);
     AddKeyField(key, "timed", timed && on_cuda ? "1" : "0");
+    if (opts.shape_variant >= 0) AddKeyField(key, "shape variant", std::to_string(opts.shape_variant));
     return Sha256Hex(key).substr(0, 32);
   };
   const std::string stem = fs::path(file).stem().string();
@@ -845,6 +896,12 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   }
   std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
+  if (opts.shape_variant >= 0) {
+    // Another shape: its own reference, without distribution-shifted sets.
+    for (const std::string& a : {std::string("--variant"), std::to_string(opts.shape_variant),
+                                 std::string("--transform-sets"), std::string("0")})
+      args.push_back(a);
+  }
   if (may_stay) {
     // Kept with the sets that fit the device budget (fewer than 2: ResourceExhausted naming the figures).
     for (const std::string& a : {std::string("--resident"), std::string("--resident-min-bytes"),
@@ -891,7 +948,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   // The distribution-shifted sets (transforms.py) share the room: where it is
   // short, judging sets beyond two make way for them (a problem at KernelBench's
   // sizes otherwise keeps none, and those are the problems users export).
-  const int shifted_max = kTransformSets;
+  const int shifted_max = opts.shape_variant >= 0 ? 0 : kTransformSets;  // none at another shape
   const SetFit all = FitSets(sig, opts.sets + shifted_max, cap, free_disk + usage.entry_bytes, opts.device_budget);
   SetFit fit = plain;
   fit.sets = std::min(opts.sets, std::max(std::min(opts.sets, 2), all.sets - shifted_max));
@@ -936,6 +993,8 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
                    {"the same bridge process after the sizes (phases below)", bridge_s}});
   return adopt(std::move(d));
 }
+
+}  // namespace
 
 StatusOr<std::string> ReadTensorFile(const std::string& path, const TensorSpec& spec) {
   if (spec.is_scalar) return InvalidArgument("'" + spec.name + "' is a scalar; it has no tensor file");

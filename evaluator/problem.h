@@ -96,6 +96,11 @@ struct ReferenceOptions {
   // The default is $KS_RESIDENT_MIN_BYTES, else 1 GiB; 0 = always resident
   // on a GPU; UINT64_MAX = never.
   std::optional<uint64_t> resident_min_bytes;
+  // Other shapes (issue 27): >= 0 prepares the reference of the problem's
+  // get_inputs_variants()[shape_variant] instead of get_inputs() (no
+  // distribution-shifted sets). -1, the default, prepares get_inputs()'s and
+  // then one reference per variant the problem declares (ReferenceData::shape_variants).
+  int shape_variant = -1;
 };
 
 // A tensor of a resident reference: where it lives in the bridge process's
@@ -179,6 +184,12 @@ struct ReferenceData {
   };
   std::map<std::string, PrecisionError> default_precision_error;
   std::optional<TimingStats> eager_fp32;  // eager with TF32 off; only where the defaults differ
+  // Other shapes: how many input lists the problem's get_inputs_variants()
+  // returns (0 without one, as in KernelBench), and, for a reference of
+  // get_inputs(), the reference of each (two sets each, untimed): a candidate
+  // is also judged at those shapes through the same plan expressions.
+  int shape_variant_count = 0;
+  std::vector<ReferenceData> shape_variants;
   bool from_cache = false;               // true when an existing entry was reused
   int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)
   std::vector<std::string> evicted;      // cache entries removed to make room for this one
@@ -213,6 +224,9 @@ std::string DefaultReferenceCacheDir();
 // which limit and by how much; least recently used entries are evicted to
 // make room, and temporary directories of killed runs are removed.
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts = {});
+
+// "at x [7, 1000]": which other shape a variant reference is, for messages.
+std::string ShapeVariantName(const ReferenceData& variant);
 
 // Reads a reference directory's manifest.json and checks that every file it
 // names exists with the size its signature implies (a truncated cache entry is

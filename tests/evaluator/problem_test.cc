@@ -513,6 +513,54 @@ TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
   for (const auto& t : none->transforms) EXPECT_EQ(t.set, -1);
 }
 
+TEST(ShapeVariantsTest, EachDeclaredShapeGetsAReferenceOfItsOwn) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("rowsum_shapes.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->signature.inputs[0].shape, (std::vector<int64_t>{64, 256}));
+  ASSERT_EQ(d->shape_variant_count, 2);
+  ASSERT_EQ(d->shape_variants.size(), 2u);
+  const ReferenceData& a = d->shape_variants[0];
+  const ReferenceData& b = d->shape_variants[1];
+  EXPECT_EQ(a.signature.inputs[0].shape, (std::vector<int64_t>{7, 1000}));
+  EXPECT_EQ(a.signature.outputs[0].shape, (std::vector<int64_t>{7}));
+  EXPECT_EQ(b.signature.inputs[0].shape, (std::vector<int64_t>{130, 33}));
+  EXPECT_EQ(ShapeVariantName(b), "at x [130, 33]");
+  for (const ReferenceData* v : {&a, &b}) {
+    EXPECT_EQ(v->sets.size(), 2u);  // two sets, no distribution-shifted ones, untimed
+    EXPECT_EQ(v->JudgingSets(), 2);
+    EXPECT_TRUE(v->shape_variants.empty());
+    // The reference is the operator at that shape: row sums of the set's own x.
+    const auto& in = v->signature.inputs[0].shape;
+    std::vector<float> x = ReadFloats(*v, 1, "x"), out = ReadFloats(*v, 1, "out");
+    ASSERT_EQ(out.size(), static_cast<size_t>(in[0]));
+    for (int64_t r = 0; r < in[0]; ++r) {
+      double acc = 0;
+      for (int64_t c = 0; c < in[1]; ++c) acc += x[r * in[1] + c];
+      EXPECT_NEAR(out[r], acc, 1e-4) << r;
+    }
+  }
+  // A KernelBench-style problem declares none.
+  auto one = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->shape_variant_count, 0);
+  EXPECT_TRUE(one->shape_variants.empty());
+}
+
+TEST(ShapeVariantsTest, AVariantWithOtherDtypesIsRefusedNamingIt) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  const std::string bad = cache.path() + "/bad_variant.py";
+  std::string text = *ReadFile(Fixture("rowsum_shapes.py"));
+  text.replace(text.find("torch.randn(130, 33)"), 20, "torch.randn(130, 33).double()");
+  ASSERT_TRUE(WriteFile(bad, text).ok());
+  auto d = PrepareReference(bad, CpuOptions(cache.path()));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("get_inputs_variants()[1]"));
+}
+
 TEST(ShiftedSetsTest, NoRoomLeavesThemOutButKeepsTheJudgingSets) {
   REQUIRE_TORCH();
   TempDir cache;

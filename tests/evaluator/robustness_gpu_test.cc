@@ -131,5 +131,69 @@ TEST(RobustnessGpuTest, LogOfPositiveInputsDropsTheSignFlipAndPassesAnHonestKern
   std::printf("log of positive inputs: %s\n", e.robustness->Summary().c_str());
 }
 
+// Other shapes (get_inputs_variants): row sums at get_inputs()'s 64 x 256 and at 7 x 1000 and 130 x 33.
+constexpr const char* kRowSum = R"CUDA(
+extern "C" __global__ void row_sum(const float* __restrict__ x, float* __restrict__ out, int cols) {
+  __shared__ float part[256];
+  const float* row = x + (size_t)blockIdx.x * cols;
+  float acc = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) acc += row[c];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = part[0];
+}
+)CUDA";
+
+// The same, with get_inputs()'s row length written into the kernel: right at 64 x 256 only.
+constexpr const char* kRowSumHardCoded = R"CUDA(
+#define COLS 256
+extern "C" __global__ void row_sum(const float* __restrict__ x, float* __restrict__ out, int cols) {
+  __shared__ float part[256];
+  const float* row = x + (size_t)blockIdx.x * COLS;
+  part[threadIdx.x] = row[threadIdx.x];
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = part[0];
+}
+)CUDA";
+
+constexpr const char* kRowSumPlan = R"P({"launches": [{"kernel": "row_sum", "grid": ["x.shape[0]"], "block": [256],
+  "args": ["x", "out", "x.shape[1]"]}]})P";
+
+TEST(RobustnessGpuTest, HardCodedSizesFailTheProblemsOtherShapesAnHonestKernelHoldsThere) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("rowsum_shapes.py"));
+  ASSERT_NE(ev, nullptr);
+  Evaluation honest = EvalOne(ev, kRowSum, kRowSumPlan);
+  ASSERT_EQ(honest.status, EvalStatus::kCorrect) << honest.message;
+  ASSERT_TRUE(honest.robustness.has_value());
+  EXPECT_FALSE(honest.specialised()) << honest.robustness->Summary();
+  int shapes_held = 0;
+  for (const auto& c : honest.robustness->checks) shapes_held += c.check == "shapes" && c.outcome == "held";
+  EXPECT_EQ(shapes_held, 2);
+  std::printf("honest row sum: %s\n", honest.robustness->Summary().c_str());
+
+  Evaluation fixed = EvalOne(ev, kRowSumHardCoded, kRowSumPlan);
+  ASSERT_EQ(fixed.status, EvalStatus::kCorrect) << fixed.message;  // right at get_inputs()'s shape
+  ASSERT_TRUE(fixed.robustness.has_value());
+  EXPECT_TRUE(fixed.specialised());
+  EXPECT_EQ(fixed.robustness->broken_by, "shapes");
+  int shapes_broke = 0;
+  for (const auto& c : fixed.robustness->checks)
+    if (c.check == "shapes" && c.outcome == "broke") {
+      ++shapes_broke;
+      EXPECT_THAT(c.detail, ::testing::AnyOf(HasSubstr("x [7, 1000]"), HasSubstr("x [130, 33]")));
+    }
+  EXPECT_EQ(shapes_broke, 2);
+  std::printf("hard-coded row sum: %s\n", fixed.robustness->Summary().c_str());
+}
+
 }  // namespace
 }  // namespace ks
