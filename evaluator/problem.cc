@@ -925,6 +925,7 @@ StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const Refer
       if (from.ok()) {
         d.eager = from->eager;
         d.compiled = from->compiled;
+        d.eager_fp32 = from->eager_fp32;
         d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
         TouchCacheEntry(timing_dir.string());
       }
