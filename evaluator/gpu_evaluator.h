@@ -222,6 +222,10 @@ class GpuEvaluator : public CandidateEvaluator {
   Tolerance ContractTolerance(const TensorSpec& t) const;
   // Fills e's precision contract: what it is held to, the baselines and what its speedups are against.
   void NamePrecisionContract(Evaluation& e) const;
+  // The tolerance of output o on input set `set`: ContractTolerance, its atol
+  // scaled for a shifted set (ShiftedAtolScale), and at least as wide as that
+  // set's own measured PyTorch rounding allows (InputTransform::reference_error).
+  Tolerance SetTolerance(const OutputSlot& o, int set) const;
   // A shifted set's atol: the output's scale changed with its inputs, and an
   // absolute tolerance is relative to that scale (1 for a get_inputs() set).
   double ShiftedAtolScale(const OutputSlot& o, int set) const;

@@ -48,6 +48,18 @@ std::optional<GpuEvaluator::RunResult> GpuEvaluator::CheckShiftedSets(const std:
   return std::nullopt;
 }
 
+Tolerance GpuEvaluator::SetTolerance(const OutputSlot& o, int set) const {
+  const double scale = ShiftedAtolScale(o, set);
+  const ReferenceError* own = nullptr;  // this shifted set's own rounding (float32 outputs, where measured)
+  if (o.spec->dtype == DType::kFloat32)
+    for (const InputTransform& t : ref_.transforms)
+      if (t.set == set && set > 0) {
+        auto it = t.reference_error.find(o.spec->name);
+        if (it != t.reference_error.end()) own = &it->second;
+      }
+  return ShiftedSetTolerance(ContractTolerance(*o.spec), ref_.signature.ToleranceFor(o.spec->dtype), scale, own);
+}
+
 Status GpuEvaluator::SetupOtherShapes() {
   for (const ReferenceData& variant : ref_.shape_variants) {
     GpuEvaluatorOptions vo = opts_;

@@ -475,6 +475,9 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
       x.name = t["name"].get<std::string>();
       x.set = t.contains("set") && t["set"].is_number_integer() ? t["set"].get<int>() : -1;
       x.note = t.value("note", "");
+      if (t.contains("reference_error") && t["reference_error"].is_object())
+        for (const auto& [name, e] : t["reference_error"].items())
+          if (e.is_object()) x.reference_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0)};
       d.transforms.push_back(std::move(x));
     }
   return d;

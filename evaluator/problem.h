@@ -153,6 +153,9 @@ struct InputTransform {
   std::string name;
   int set = -1;      // index into ReferenceData::sets; -1: not checked (note says why)
   std::string note;  // what the transform does, or why it was not checked
+  // PyTorch's own float32 rounding on this set, by output, where measured
+  // (as Signature::reference_error for set 0): a shifted set rounds otherwise.
+  std::map<std::string, ReferenceError> reference_error;
 };
 
 // A complete reference directory, read back from its manifest.json. Plain data;

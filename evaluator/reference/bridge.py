@@ -956,14 +956,14 @@ def _float64_fits(need, device):
     return need <= 0.8 * available, available
 
 
-def _forward_float64(problem, model, set_seed, device):
+def _forward_float64(problem, model, set_seed, device, make_inputs=None):
     """forward of a float64 copy of model on input set `set_seed` converted to
     float64 (integer inputs and scalars unchanged). Its own frame holds the
     copies, so they are freed when it returns or raises."""
     import torch
     floats = (torch.float32, torch.float16, torch.bfloat16)
     model64 = _float64_copy(model)
-    inputs = problem.inputs(set_seed, device)
+    inputs = make_inputs() if make_inputs is not None else problem.inputs(set_seed, device)
     for i, v in enumerate(inputs):
         if isinstance(v, torch.Tensor) and v.dtype in floats:
             inputs[i] = v.to(torch.float64)
@@ -976,7 +976,8 @@ def _forward_float64(problem, model, set_seed, device):
     return problem._outputs(result)
 
 
-def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes):
+def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes,
+                     make_inputs=None, max_s=None):
     """PyTorch's own rounding error for each float32 output of one input set:
     the same model and inputs in float64, compared with the float32 outputs.
 
@@ -996,7 +997,7 @@ def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_
         return {}, None
     what = "the float64 run that measures PyTorch's own float32 rounding"
     keep = "float32 outputs keep the default tolerance"
-    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S)) if max_s is None else max_s
     ratio = _float64_speed_ratio(device)
     if forward_s * ratio > limit:
         return {}, ("%s was skipped: it would take about %.1f s (float32 forward %.2f s, float64 %.0fx slower on "
@@ -1011,7 +1012,7 @@ def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_
     oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
     errors, left_out, note = {}, [], None
     try:
-        result = _forward_float64(problem, model, set_seed, device)
+        result = _forward_float64(problem, model, set_seed, device, make_inputs)
         if len(result) != len(outputs):
             raise ValueError("forward returns %d outputs in float64, %d in float32" % (len(result), len(outputs)))
         for (name, t32), (_, t64) in zip(outputs, result):
@@ -1386,7 +1387,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
 
     transform_info, t_kept = add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device,
                                                   out_dir, resident, sets, transform_room, base_nonfinite,
-                                                  manifest_sets, files_params, notes)
+                                                  manifest_sets, files_params, notes, forward_s, peak_forward)
     phase("distribution-shifted input sets")
 
     timing = {"eager": None, "compiled": None}
@@ -1483,15 +1484,19 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
 
 
 def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
-                         room, base_nonfinite, manifest_sets, files_params, notes):
+                         room, base_nonfinite, manifest_sets, files_params, notes, forward_s=0.0, peak_forward=0):
     """The distribution-shifted input sets (transforms.py), appended to
     manifest_sets after the K get_inputs() sets: at most `room` of them (None:
     not asked for, as by `check`), each input set 0 transformed, with
     PyTorch's output on it as its reference; files in out_dir, or kept on the
     GPU (resident: exported by the caller). Returns (info, kept): info has
     one entry per transform, {"name", "set": its index or None, "note": what
-    it does, or why it has no set}; kept, per set made (resident only), the
-    ({input name: tensor}, {output name: tensor}) to export."""
+    it does, or why it has no set, and "reference_error": PyTorch's own float32
+    rounding on that set, as measure_rounding measures set 0's, where it was
+    measured}; kept, per set made (resident only), the ({input name: tensor},
+    {output name: tensor}) to export. The float64 runs of all shifted sets
+    together stay within one $KS_FP64_CHECK_MAX_S."""
+    import time
     import torch
     import transforms
     info, kept = [], []
@@ -1507,6 +1512,9 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
 
     no_floats = not any(spec["kind"] == "tensor" and spec["dtype"] in ("float32", "float16", "bfloat16", "float64")
                         for spec in sig_inputs)
+    # A shifted set rounds differently from set 0 (outliers dominate a variance,
+    # a scaled sum cancels otherwise): its own float64 run widens its tolerance.
+    fp64_left = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
     for name in transforms.TRANSFORMS:
         if name not in wanted:
             info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})
@@ -1559,6 +1567,14 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
                 shutil.rmtree(set_dir, ignore_errors=True)
             del outputs
             continue
+        rounding = {}
+        if fp64_left > 0:
+            t0 = time.monotonic()
+            _restore_state(model, snapshot)
+            rounding, _ = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
+                                           make_inputs=lambda: fresh(name), max_s=fp64_left)
+            _restore_state(model, snapshot)
+            fp64_left -= time.monotonic() - t0
         t_outputs = {}
         for oname, t in outputs:
             if resident is not None:
@@ -1574,7 +1590,7 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
                 t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
             kept.append((t_inputs, t_outputs))
         manifest_sets.append({"seed": set_seed, "files": files, "transform": name})
-        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name]})
+        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name], "reference_error": rounding})
     return info, kept
 
 

@@ -465,6 +465,25 @@ TEST(ShiftedSetsTest, EachTransformOfSetZeroWithPyTorchsOwnOutput) {
   EXPECT_TRUE(d->notes.empty()) << d->notes.front();
 }
 
+TEST(ShiftedSetsTest, EachShiftedSetMeasuresPyTorchsOwnRounding) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->transforms.size(), 4u);
+  ASSERT_TRUE(d->signature.reference_error.count("out"));
+  const ReferenceError set0 = d->signature.reference_error.at("out");
+  for (const auto& t : d->transforms) {
+    ASSERT_GE(t.set, 2) << t.name << ": " << t.note;
+    ASSERT_TRUE(t.reference_error.count("out")) << t.name;
+    EXPECT_GT(t.reference_error.at("out").rel_norm, 0) << t.name;
+  }
+  // At its own scale: x 1e5 inputs, a sum of them, an RMS error about 1e5 times set 0's.
+  EXPECT_NEAR(d->transforms[0].reference_error.at("out").rms / set0.rms, 1e5, 2e4);
+  // Negated inputs round the same way, bit for bit.
+  EXPECT_DOUBLE_EQ(d->transforms[2].reference_error.at("out").rel_norm, set0.rel_norm);
+}
+
 TEST(ShiftedSetsTest, ATransformOutsideTheOperatorsDomainIsDroppedWithANote) {
   REQUIRE_TORCH();
   TempDir cache;
@@ -1353,7 +1372,8 @@ TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
   EXPECT_EQ(j["cap_bytes"], uint64_t{1} << 30);
   ASSERT_EQ(j["entries"].size(), 1u);
   EXPECT_EQ(j["entries"][0]["sets"], 2);
-  EXPECT_GE(j["bytes"].get<uint64_t>(), 2 * kMatmulSetBytes);
+  EXPECT_EQ(j["entries"][0]["shifted_sets"], 4);  // one per transform of transforms.py
+  EXPECT_GE(j["bytes"].get<uint64_t>(), 6 * kMatmulSetBytes);
   SubprocessResult table = RunCli({"cache", "list", "--cache-dir", cache.path()});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("matmul-"));

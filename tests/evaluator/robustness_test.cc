@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "evaluator/evaluation.h"
+#include "evaluator/signature.h"
 
 namespace ks {
 namespace {
@@ -85,6 +86,30 @@ TEST(RobustnessTest, RequireRobustFailsOnlyASpecialisedCorrectKernel) {
   wrong.message = "output 'out', input set 1: 3 of 9 elements wrong";
   RequireRobust(wrong);
   EXPECT_EQ(wrong.message, "output 'out', input set 1: 3 of 9 elements wrong");
+}
+
+TEST(RobustnessTest, AShiftedSetsToleranceFollowsItsScaleAndItsOwnRounding) {
+  const Tolerance base = DefaultTolerance(DType::kFloat32);
+  const Tolerance set0 = WidenForRounding(base, ReferenceError{1e-3, 2e-6});
+  // Scaled inputs, no rounding of its own measured: set 0's, atol at the output's new scale.
+  Tolerance up = ShiftedSetTolerance(set0, base, 1e5, nullptr);
+  EXPECT_DOUBLE_EQ(up.atol, set0.atol * 1e5);
+  EXPECT_DOUBLE_EQ(up.rel_norm, set0.rel_norm);
+  EXPECT_DOUBLE_EQ(up.rtol, set0.rtol);
+  // Outliers: PyTorch's own float32 error on that set is larger; the bounds widen to it.
+  ReferenceError outliers{0.5, 3e-6};
+  Tolerance out = ShiftedSetTolerance(set0, base, 30.0, &outliers);
+  EXPECT_DOUBLE_EQ(out.atol, std::max(set0.atol * 30, base.atol * 30 + kRoundingFactor * 0.5));
+  EXPECT_DOUBLE_EQ(out.rel_norm, kRoundingFactor * 3e-6);
+  EXPECT_GE(out.large_rel, set0.large_rel);
+  // Never narrower than set 0's (scaled): a smaller own error changes nothing.
+  ReferenceError tiny{0, 1e-9};
+  Tolerance same = ShiftedSetTolerance(set0, base, 2.0, &tiny);
+  EXPECT_DOUBLE_EQ(same.atol, set0.atol * 2);
+  EXPECT_DOUBLE_EQ(same.rel_norm, set0.rel_norm);
+  // Not rounding (a relative difference above kMaxRoundingRelNorm): nothing is widened by it.
+  ReferenceError wild{100, 0.5};
+  EXPECT_DOUBLE_EQ(ShiftedSetTolerance(set0, base, 1.0, &wild).rel_norm, set0.rel_norm);
 }
 
 }  // namespace
