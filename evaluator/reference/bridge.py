@@ -1507,8 +1507,12 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
     tensor_specs = [spec for spec in sig_inputs if spec["kind"] == "tensor"]
 
     def fresh(name):
-        # Set 0's inputs made again and transformed in place: one copy of them in memory.
-        return transforms.apply(name, problem.inputs(set_seed, device), set_seed, in_place=True)
+        # Set 0's inputs made again and, on a GPU, transformed in place: one copy
+        # of a multi-GB input in memory. There get_inputs() draws its tensors on
+        # the device or they are moved there, a new tensor each call; on the CPU a
+        # problem may hand back one module-level tensor every time, which must
+        # not change under the other sets (they are small there: copied).
+        return transforms.apply(name, problem.inputs(set_seed, device), set_seed, in_place=device.type == "cuda")
 
     no_floats = not any(spec["kind"] == "tensor" and spec["dtype"] in ("float32", "float16", "bfloat16", "float64")
                         for spec in sig_inputs)
