@@ -122,7 +122,8 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
     max_round = std::max(max_round, c.round);
     nlohmann::json e;
     std::optional<double> fraction;
-    std::string message;
+    std::string message, robustness;
+    bool specialised = false;
     if (c.evaluation) {
       e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
       if (e.is_object()) {
@@ -132,6 +133,12 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
         if (!compile_ms && e.contains("compiled") && e["compiled"].is_object())
           compile_ms = e["compiled"].value("median_ms", 0.0);
         message = e.value("message", std::string());
+        if (e.contains("robustness") && e["robustness"].is_object()) {
+          // What held beyond get_inputs(): a specialised kernel is marked in the table and its detail.
+          Robustness r = RobustnessFromJson(e["robustness"]);
+          specialised = r.specialised();
+          robustness = r.Summary();
+        }
       }
     }
     std::vector<int64_t> bank;
@@ -149,6 +156,8 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
                   {"speedup_compile", c.evaluation ? Opt(c.evaluation->speedup_compile) : nlohmann::json()},
                   {"roofline_fraction", Opt(fraction)},
                   {"message", message},
+                  {"specialised", specialised},
+                  {"robustness", robustness},
                   {"source", c.source.empty() ? c.raw_response : c.source},
                   {"plan", c.plan_json},
                   {"evaluation", e},
