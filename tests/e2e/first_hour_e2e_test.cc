@@ -174,6 +174,29 @@ TEST_F(FirstHourTest, AModelThatAnswersProseFailsSayingNoKernel) {
   EXPECT_EQ((*store)->ListLlmCalls(1, false)->size(), 2u);  // round 0 only
 }
 
+// torch.rand inside forward: no single reference. The GPU side (the fake
+// evaluator checking with the real bridge) stops the search before any model
+// call, recorded failed with the bridge's reason.
+TEST_F(FirstHourTest, ANondeterministicForwardIsStoppedOnTheGpuSide) {
+  REQUIRE_TORCH();
+  std::string py = Write("noisy.py", "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                                     "        return x + torch.rand_like(x)\n\ndef get_inputs():\n"
+                                     "    return [torch.randn(256)]\n\ndef get_init_inputs():\n    return []\n");
+  std::string fake = "fake:" + Write("check.json", R"({"check_reference": true})");
+  const std::string calls = Path("calls.log");
+  const std::string model = "command:/bin/sh " + Write("count.sh", "cat >/dev/null; echo x >> " + calls + "; echo hi\n");
+  SubprocessResult r = Run({kBinary, "search", py, "--db", Path("noisy.db"), "--model", model, "--evaluator", fake});
+  EXPECT_EQ(r.exit_code, 2) << r.Describe() << "\nstderr: " << r.err;
+  EXPECT_NE(r.err.find("not deterministic"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(calls)) << "a model call was made";
+  auto store = LineageStore::Open(Path("noisy.db"));
+  ASSERT_TRUE(store.ok());
+  auto search = (*store)->GetSearch(1);
+  ASSERT_TRUE(search.ok());
+  EXPECT_EQ(search->status, SearchStatus::kFailed);
+  EXPECT_NE(search->stop_reason.find("the reference cannot judge kernels: "), std::string::npos) << search->stop_reason;
+}
+
 TEST_F(FirstHourTest, BrowsingAStoreThatDoesNotExistSaysSo) {
   const std::string db = Path("typo.db");
   for (const char* cmd : {"history", "best"}) {
