@@ -188,6 +188,7 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
   if (f.no_bank) config.bank = false;
   if (f.allow_degenerate) config.allow_degenerate = true;
+  if (sub->count("--precision")) config.precision = f.precision;
   if (f.require == "robust") config.require_robust = true;
   KS_RETURN_IF_ERROR(config.Validate());
   return config;

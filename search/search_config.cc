@@ -7,6 +7,8 @@
 namespace ks {
 
 Status SearchConfig::Validate() const {
+  if (precision != "fp32" && precision != "tf32")
+    return InvalidArgument("precision must be fp32 or tf32, not '" + precision + "'");
   if (rounds < 0) return InvalidArgument("rounds must be >= 0");
   if (ideas < 1) return InvalidArgument("ideas must be >= 1");
   if (branches < 1) return InvalidArgument("branches must be >= 1");
@@ -84,7 +86,8 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"gpu", GpuFactsToJson(c.gpu)},
           {"bank", c.bank},
           {"allow_degenerate", c.allow_degenerate},
-          {"require_robust", c.require_robust}};
+          {"require_robust", c.require_robust},
+          {"precision", c.precision}};
 }
 
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
@@ -93,7 +96,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
       "rounds", "ideas", "branches", "beam", "repair_attempts", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
       "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "allow_degenerate",
-      "require_robust"};
+      "require_robust", "precision"};
   for (const auto& [key, value] : j.items())
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
@@ -119,6 +122,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     c.bank = j.value("bank", c.bank);
     c.allow_degenerate = j.value("allow_degenerate", c.allow_degenerate);
     c.require_robust = j.value("require_robust", c.require_robust);
+    c.precision = j.value("precision", c.precision);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("search config: ") + e.what());
   }

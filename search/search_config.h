@@ -62,6 +62,12 @@ struct SearchConfig {
   // correct, ranked after every robust kernel.
   bool require_robust = false;
 
+  // The precision contract candidates are held to: "fp32" (the full-fp32
+  // reference) or "tf32" (PyTorch's default precision; evaluator_factory.h).
+  // Stored, so that a resumed search, evaluate-pending and the server judge
+  // the same way.
+  std::string precision = "fp32";
+
   Status Validate() const;
 };
 

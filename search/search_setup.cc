@@ -136,8 +136,9 @@ Status SearchSetup::PrepareEvaluator() {
         store_->SetSearchStatus(search_id_, store::SearchStatus::kFailed, kReferenceRefusal + why.message()));
     return why;
   };
-  auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_)
-                                      : MakeSearchEvaluator(problem_file_, options_.evaluator);
+  EvaluatorOptions eo = options_.evaluator;
+  eo.precision = config_.precision;  // the search's contract, whoever evaluates it
+  auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_) : MakeSearchEvaluator(problem_file_, eo);
   if (!made.ok()) {
     // The problem's own fault (a nondeterministic forward, get_inputs
     // raising) ends the search; a machine without a GPU does not.
