@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "common/unique_fd.h"
 #include "evaluator/launch_plan.h"
+#include "evaluator/roofline.h"
 #include "evaluator/sandbox.h"
 #include "evaluator/worker_protocol.h"
 
@@ -213,6 +214,49 @@ Status GpuEvaluator::MeasureBandwidth() {
 }
 
 
+// The load request: tensor arguments become arena offsets, one per input set.
+json GpuEvaluator::LoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {
+  json launches = json::array();
+  for (const auto& l : plan.launches) {
+    json args = json::array();
+    for (const auto& a : l.args) {
+      switch (a.kind) {
+        case ArgValue::Kind::kTensor: {
+          std::vector<uint64_t> offs;
+          for (size_t s = 0; s < set_inputs_.size(); ++s) {
+            uint64_t off = 0;
+            for (const auto& slot : set_inputs_[s]) if (slot.name == a.name) off = slot.offset;
+            for (const auto& slot : params_) if (slot.name == a.name) off = slot.offset;
+            for (const auto& o : outputs_) if (o.spec->name == a.name) off = o.offset;
+            offs.push_back(off);
+          }
+          args.push_back({{"k", "tensor"}, {"offsets", offs}});
+          break;
+        }
+        case ArgValue::Kind::kScratch: {
+          int idx = 0;
+          for (size_t i = 0; i < plan.scratch.size(); ++i) if (plan.scratch[i].name == a.name) idx = static_cast<int>(i);
+          args.push_back({{"k", "scratch"}, {"i", idx}});
+          break;
+        }
+        case ArgValue::Kind::kInt32: args.push_back({{"k", "i32"}, {"v", a.i}}); break;
+        case ArgValue::Kind::kInt64: args.push_back({{"k", "i64"}, {"v", a.i}}); break;
+        case ArgValue::Kind::kFloat32: args.push_back({{"k", "f32"}, {"v", a.f}}); break;
+        case ArgValue::Kind::kFloat64: args.push_back({{"k", "f64"}, {"v", a.f}}); break;
+      }
+    }
+    json lj{{"kernel", l.kernel}, {"grid", l.grid}, {"block", l.block}, {"shared", l.shared_bytes}, {"args", args}};
+    if (l.cluster) lj["cluster"] = *l.cluster;
+    launches.push_back(lj);
+  }
+  json scratch = json::array();
+  for (const auto& s : plan.scratch) scratch.push_back(s.bytes);
+  json globals = json::array();
+  for (const auto& g : compiled.globals) globals.push_back({{"name", g.name}, {"size", g.size}});
+  return json{{"cmd", "load"}, {"cubin", Base64Encode(compiled.cubin)}, {"launches", launches}, {"scratch", scratch},
+            {"globals", globals}};
+}
+
 Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled) {
   auto t0 = Clock::now();
   Evaluation e;
@@ -243,46 +287,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     if (Status s = StartWorker(); !s.ok()) return finish(EvalStatus::kRuntimeError, "evaluator: " + s.message());
     phase("worker_start");
   }
-  // The load request: tensor arguments become arena offsets, one per input set.
-  json launches = json::array();
-  for (const auto& l : plan->launches) {
-    json args = json::array();
-    for (const auto& a : l.args) {
-      switch (a.kind) {
-        case ArgValue::Kind::kTensor: {
-          std::vector<uint64_t> offs;
-          for (size_t s = 0; s < set_inputs_.size(); ++s) {
-            uint64_t off = 0;
-            for (const auto& slot : set_inputs_[s]) if (slot.name == a.name) off = slot.offset;
-            for (const auto& slot : params_) if (slot.name == a.name) off = slot.offset;
-            for (const auto& o : outputs_) if (o.spec->name == a.name) off = o.offset;
-            offs.push_back(off);
-          }
-          args.push_back({{"k", "tensor"}, {"offsets", offs}});
-          break;
-        }
-        case ArgValue::Kind::kScratch: {
-          int idx = 0;
-          for (size_t i = 0; i < plan->scratch.size(); ++i) if (plan->scratch[i].name == a.name) idx = static_cast<int>(i);
-          args.push_back({{"k", "scratch"}, {"i", idx}});
-          break;
-        }
-        case ArgValue::Kind::kInt32: args.push_back({{"k", "i32"}, {"v", a.i}}); break;
-        case ArgValue::Kind::kInt64: args.push_back({{"k", "i64"}, {"v", a.i}}); break;
-        case ArgValue::Kind::kFloat32: args.push_back({{"k", "f32"}, {"v", a.f}}); break;
-        case ArgValue::Kind::kFloat64: args.push_back({{"k", "f64"}, {"v", a.f}}); break;
-      }
-    }
-    json lj{{"kernel", l.kernel}, {"grid", l.grid}, {"block", l.block}, {"shared", l.shared_bytes}, {"args", args}};
-    if (l.cluster) lj["cluster"] = *l.cluster;
-    launches.push_back(lj);
-  }
-  json scratch = json::array();
-  for (const auto& s : plan->scratch) scratch.push_back(s.bytes);
-  json globals = json::array();
-  for (const auto& g : compiled.globals) globals.push_back({{"name", g.name}, {"size", g.size}});
-  json load{{"cmd", "load"}, {"cubin", Base64Encode(compiled.cubin)}, {"launches", launches}, {"scratch", scratch},
-            {"globals", globals}};
+  json load = LoadRequest(*plan, compiled);
   if (Status s = SendMessage(worker_.stdin_fd(), load); !s.ok()) {
     StopWorker("send failed");
     return finish(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
@@ -431,19 +436,8 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   }
   phase("timed");
   // Each launch on its own, in runs of their own after the timed ones.
-  Roofline rf;
-  rf.bytes = static_cast<double>(ref_.signature.MinimumBytes());
-  rf.flops = ref_.signature.flops.value_or(0);
-  rf.peak_gbps = bandwidth_gbps_;
-  if (rf.flops > 0) {
-    rf.compute_class = ComputeClassFor(ref_.signature);
-    if (opts_.peak_tflops > 0) {
-      rf.peak_tflops = opts_.peak_tflops;
-    } else if (peaks_ && peaks_->ok()) {
-      rf.peak_tflops = (*peaks_)->For(rf.compute_class);
-    }
-    if (rf.peak_tflops <= 0) rf.compute_class.clear();
-  }
+  const DevicePeaks* measured = peaks_ && peaks_->ok() ? &**peaks_ : nullptr;
+  Roofline rf = PlanRoofline(ref_.signature, bandwidth_gbps_, measured, opts_.peak_tflops);
   {
     RunResult failed;
     auto profiles = ProfileLaunches(*plan, occupancy, rf, run_index, &failed);
@@ -477,14 +471,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   e.compiled = ref_.compiled;
   if (ref_.eager && e.timing->median_ms > 0) e.speedup_eager = ref_.eager->median_ms / e.timing->median_ms;
   if (ref_.compiled && e.timing->median_ms > 0) e.speedup_compile = ref_.compiled->median_ms / e.timing->median_ms;
-  double sec = e.timing->median_ms * 1e-3;
-  rf.achieved_gbps = sec > 0 ? rf.bytes / sec / 1e9 : 0;
-  rf.achieved_tflops = sec > 0 ? rf.flops / sec / 1e12 : 0;
-  double floor_bw = bandwidth_gbps_ > 0 ? rf.bytes / (bandwidth_gbps_ * 1e9) * 1e3 : 0;
-  double floor_fl = rf.peak_tflops > 0 ? rf.flops / (rf.peak_tflops * 1e12) * 1e3 : 0;
-  rf.floor_ms = std::max(floor_bw, floor_fl);
-  rf.bound = floor_fl > floor_bw ? "compute" : "memory";
-  rf.fraction_of_floor = e.timing->median_ms > 0 ? rf.floor_ms / e.timing->median_ms : 0;
+  FinishRoofline(e.timing->median_ms, &rf);
   e.roofline = rf;
   return finish(EvalStatus::kCorrect, "");
 }

@@ -60,6 +60,7 @@
 
 #include "common/subprocess.h"
 #include "evaluator/compiler.h"
+#include "evaluator/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
 #include "evaluator/launch_plan.h"
@@ -131,6 +132,12 @@ class GpuEvaluator : public CandidateEvaluator {
   // declares FLOPS, or on the first call here (cached per GPU on disk).
   // An error leaves the roofline with its bandwidth floor only.
   StatusOr<DevicePeaks> Peaks();
+  // Hardware counters of each candidate's launches (evaluator/counters.h):
+  // compiled again, then one more run in a worker started under Nsight
+  // Compute, prepared and verified as every run is. Never fails: where the
+  // counters cannot be read, each report's note says why (and, once ncu is
+  // known not to work here, without trying again).
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override;
   int worker_restarts() const { return worker_restarts_; }
   // The device malloc heap the worker's context was left with (as small as the driver allows).
   uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
@@ -172,6 +179,13 @@ class GpuEvaluator : public CandidateEvaluator {
   // Copies tensor `name` of set `set` to dst: from its file, or from the resident bridge.
   Status FillTensor(int set, const std::string& name, CUdeviceptr dst, uint64_t bytes);
   Status StartWorker();
+  // Starts a sandboxed worker (`prefix` before it on the command line: ncu)
+  // with its stderr in log_path, and initializes it.
+  StatusOr<ChildProcess> LaunchWorker(const std::vector<std::string>& prefix, const std::string& log_path);
+  // The worker's load request for a resolved plan of a compiled candidate.
+  nlohmann::json LoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
+  // One candidate's counters run (gpu_evaluator_counters.cc).
+  CounterReport CountersOf(const Candidate& candidate, const std::string& ncu);
   void StopWorker(const std::string& why);
   std::string TakeWorkerLog();
   RunResult RunOnce(int set, bool split = false);
@@ -221,6 +235,8 @@ class GpuEvaluator : public CandidateEvaluator {
   ChildProcess worker_;
   std::string worker_log_path_;
   bool worker_ready_ = false;
+  double run_timeout_scale_ = 1;    // > 1 while a run is profiled (ncu replays each launch)
+  std::string counters_unavailable_;  // why ncu cannot read counters here, once found
   double bandwidth_gbps_ = 0;
   std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
   int worker_restarts_ = 0;

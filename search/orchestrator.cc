@@ -14,6 +14,7 @@ const char* SearchEventTypeName(SearchEvent::Type t) {
     case SearchEvent::Type::kNewBest: return "new_best";
     case SearchEvent::Type::kLlmCall: return "llm_call";
     case SearchEvent::Type::kFinished: return "finished";
+    case SearchEvent::Type::kNote: return "note";
   }
   return "?";
 }
@@ -278,6 +279,8 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
   }
   std::vector<Candidate> batch;
   std::vector<std::string> batch_hashes;
+  std::set<int> rounds;
+  for (const auto& c : pending) rounds.insert(c.round);
   int64_t done = 0;
   for (const auto& hash : order) {
     const auto& group = groups[hash];
@@ -315,8 +318,41 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
     }
   }
   KS_RETURN_IF_ERROR(UpdateBest());
+  KS_RETURN_IF_ERROR(ReadCountersOfBest(rounds));
   KS_RETURN_IF_ERROR(SaveElapsed());
   return done;
+}
+
+Status Orchestrator::SearchRun::ReadCountersOfBest(const std::set<int>& rounds) {
+  if (config_.profile_top <= 0 || !o_->deps_.evaluator) return Status::Ok();
+  KS_ASSIGN_OR_RETURN(auto correct, store_->CorrectCandidates(search_id_));  // fastest first
+  std::map<int, int> taken;  // round -> candidates among its fastest so far
+  std::vector<int64_t> ids;
+  std::vector<Candidate> batch;
+  for (const auto& c : correct) {
+    if (!rounds.count(c.round) || taken[c.round]++ >= config_.profile_top) continue;
+    if (!c.evaluation || counters_read_.count(c.id)) continue;
+    // Read before (an earlier process of a resumed search, or a copy): kept.
+    auto j = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+    if (j.is_object() && j.contains("counters")) continue;
+    counters_read_.insert(c.id);
+    ids.push_back(c.id);
+    batch.push_back(Candidate{c.source, c.plan_json});
+  }
+  if (batch.empty()) return Status::Ok();
+  auto t0 = Clock::now();
+  std::vector<CounterReport> reports = o_->deps_.evaluator->ReadCounters(batch);
+  counters_s_ += Seconds(t0);
+  evaluator_s_ += Seconds(t0);
+  for (size_t i = 0; i < ids.size() && i < reports.size(); ++i) {
+    KS_RETURN_IF_ERROR(store_->SetEvaluationCounters(ids[i], CounterReportToJson(reports[i])));
+    if (reports[i].launches.empty() && !reports[i].note.empty() && reports[i].note != counters_note_) {
+      counters_note_ = reports[i].note;
+      Emit({.type = SearchEvent::Type::kNote, .round = round_, .candidate_id = ids[i],
+            .text = "no hardware counters for candidate " + std::to_string(ids[i]) + ": " + reports[i].note});
+    }
+  }
+  return Status::Ok();
 }
 
 Status Orchestrator::SearchRun::SaveElapsed() {

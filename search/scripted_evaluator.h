@@ -36,6 +36,9 @@ struct ScriptedEvaluatorOptions {
   std::string device = "fake-gpu";
   // Device facts to report as if measured (tests of the facts reaching prompts).
   std::optional<GpuFacts> gpu;
+  // Hardware counters to report for every profiled candidate (tests of the
+  // digest reaching prompts); absent: none, with the base class's note.
+  std::optional<CounterReport> counters;
 };
 
 // Reads {"eager_ms", "compile_ms", "delay_ms", "floor_ms", "log", "fail_after", "device",
@@ -47,6 +50,12 @@ class ScriptedEvaluator final : public CandidateEvaluator {
   explicit ScriptedEvaluator(ScriptedEvaluatorOptions options) : options_(std::move(options)) {}
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
   std::string DeviceName() const override { return options_.device; }
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override {
+    if (!options_.counters) return CandidateEvaluator::ReadCounters(candidates);
+    profiled_ += static_cast<int64_t>(candidates.size());
+    return std::vector<CounterReport>(candidates.size(), *options_.counters);
+  }
+  int64_t profiled() const { return profiled_.load(); }
 
   int64_t evaluated() const { return evaluated_.load(); }
   int64_t batches() const { return batches_.load(); }
@@ -57,6 +66,7 @@ class ScriptedEvaluator final : public CandidateEvaluator {
   Evaluation Decide(const Candidate& c) const;
 
  private:
+  std::atomic<int64_t> profiled_{0};
   const ScriptedEvaluatorOptions options_;
   std::atomic<int64_t> evaluated_{0};
   std::atomic<int64_t> batches_{0};
