@@ -201,7 +201,8 @@ std::string FindNcu() {
     return s == "none" || s.empty() ? "" : s;
   }
   if (auto p = FindOnPath("ncu")) return *p;
-  for (const char* dir : {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"}) {
+  for (const char* dir : {static_cast<const char*>(getenv("CUDA_HOME")), static_cast<const char*>(getenv("CUDA_PATH")),
+                          "/usr/local/cuda"}) {
     if (!dir || !*dir) continue;
     std::string p = std::string(dir) + "/bin/ncu";
     if (Exists(p)) return p;

@@ -69,6 +69,12 @@ void WaitOrKill(ChildProcess& p, double seconds) {
   p.Kill();
 }
 
+// ncu's table or messages; "" when it wrote none.
+std::string ReadText(const std::string& path) {
+  auto text = ReadFile(path, 16u << 20);
+  return text.ok() ? *text : "";
+}
+
 }  // namespace
 
 std::vector<CounterReport> GpuEvaluator::ReadCounters(const std::vector<Candidate>& candidates) {
@@ -121,7 +127,7 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
   auto profiled = LaunchWorker(prefix, worker_log.path());
   if (!profiled.ok()) {
     // ncu that cannot start a worker here will not start the next one either.
-    std::string why = NcuFailureReason(ReadFile(table.path(), 1 << 20).value_or(""));
+    std::string why = NcuFailureReason(ReadText(table.path()));
     counters_unavailable_ = "ncu could not run the worker: " + (why.empty() ? profiled.status().message() : why);
     rep.note = counters_unavailable_;
     return rep;
@@ -151,7 +157,7 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
   // EOF on its stdin ends the worker; ncu then writes its table and exits.
   profiled->CloseStdin();
   WaitOrKill(*profiled, kNcuExitWaitS);
-  std::string text = ReadFile(table.path(), 16 << 20).value_or("");
+  std::string text = ReadText(table.path());
 
   if (run.status != EvalStatus::kCorrect) {
     rep.note = std::string("the profiled run was not correct (") + EvalStatusName(run.status) + ": " + run.message +
