@@ -231,7 +231,7 @@ const std::vector<std::string>& NcuExtraMetrics() {
 
 std::vector<std::string> NcuCommand(const std::string& ncu, const std::string& log_file,
                                     const std::vector<std::string>& kernels, int launches,
-                                    const std::vector<std::string>& worker_argv) {
+                                    const std::vector<std::string>& worker_argv, bool extra_metrics) {
   std::vector<std::string> names = kernels;
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
@@ -252,12 +252,20 @@ std::vector<std::string> NcuCommand(const std::string& ncu, const std::string& l
   }
   // What the sections may leave out: tensor-pipe use, shared-memory bank
   // conflicts, local-memory (spill) traffic.
-  std::string extra;
-  for (const auto& m : NcuExtraMetrics()) extra += (extra.empty() ? "" : ",") + m;
-  argv.push_back("--metrics");
-  argv.push_back(extra);
+  if (extra_metrics) {
+    std::string extra;
+    for (const auto& m : NcuExtraMetrics()) extra += (extra.empty() ? "" : ",") + m;
+    argv.push_back("--metrics");
+    argv.push_back(extra);
+  }
   argv.insert(argv.end(), worker_argv.begin(), worker_argv.end());
   return argv;
+}
+
+bool NcuRefusedAMetric(const std::string& log) {
+  for (const char* key : {"Failed to find metric", "metric not found", "Invalid metric", "invalid metric"})
+    if (log.find(key) != std::string::npos) return true;
+  return false;
 }
 
 std::string NcuFailureReason(const std::string& log) {

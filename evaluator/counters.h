@@ -70,9 +70,14 @@ const std::vector<std::string>& NcuExtraMetrics();
 
 // ncu's arguments for profiling `kernels` (the plan's kernel names) in the
 // worker command `worker_argv`, writing the raw metrics as CSV to `log_file`.
+// extra_metrics: also NcuExtraMetrics() by name (an ncu that knows none of
+// them refuses the whole profile: the caller then asks again without).
 std::vector<std::string> NcuCommand(const std::string& ncu, const std::string& log_file,
                                     const std::vector<std::string>& kernels, int launches,
-                                    const std::vector<std::string>& worker_argv);
+                                    const std::vector<std::string>& worker_argv, bool extra_metrics = true);
+
+// ncu refused a metric asked for by name (another chip or ncu version).
+bool NcuRefusedAMetric(const std::string& log);
 
 // The launches of ncu's raw CSV page (--page raw --csv --print-units base) in
 // the order profiled. `plan_kernels` gives each its place in the plan (the

@@ -237,6 +237,7 @@ class GpuEvaluator : public CandidateEvaluator {
   bool worker_ready_ = false;
   double run_timeout_scale_ = 1;    // > 1 while a run is profiled (ncu replays each launch)
   std::string counters_unavailable_;  // why ncu cannot read counters here, once found
+  bool ncu_extra_metrics_ = true;     // false once ncu refused one of NcuExtraMetrics()
   double bandwidth_gbps_ = 0;
   std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
   int worker_restarts_ = 0;

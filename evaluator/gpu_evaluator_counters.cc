@@ -123,11 +123,17 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
     rep.note = "not profiled: no temporary file in /tmp";
     return rep;
   }
-  std::vector<std::string> prefix = NcuCommand(ncu, table.path(), kernels, static_cast<int>(kernels.size()), {});
+  std::vector<std::string> prefix =
+      NcuCommand(ncu, table.path(), kernels, static_cast<int>(kernels.size()), {}, ncu_extra_metrics_);
   auto profiled = LaunchWorker(prefix, worker_log.path());
   if (!profiled.ok()) {
+    std::string log = ReadText(table.path()) + ReadText(worker_log.path());
+    if (ncu_extra_metrics_ && NcuRefusedAMetric(log)) {
+      ncu_extra_metrics_ = false;  // as below: the sections alone, once more
+      return CountersOf(candidate, ncu);
+    }
     // ncu that cannot start a worker here will not start the next one either.
-    std::string why = NcuFailureReason(ReadText(table.path()));
+    std::string why = NcuFailureReason(log);
     counters_unavailable_ = "ncu could not run the worker: " + (why.empty() ? profiled.status().message() : why);
     rep.note = counters_unavailable_;
     return rep;
@@ -165,6 +171,11 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
     return rep;
   }
   auto parsed = ParseNcuCsv(text, kernels);
+  if (!parsed.ok() && ncu_extra_metrics_ && NcuRefusedAMetric(text)) {
+    // This ncu or chip lacks a metric asked for by name: the sections alone, once more.
+    ncu_extra_metrics_ = false;
+    return CountersOf(candidate, ncu);
+  }
   if (!parsed.ok()) {
     rep.note = parsed.status().message();
     // A permission or device refusal holds for every later candidate: said once, not retried.

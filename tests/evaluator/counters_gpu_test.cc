@@ -132,8 +132,8 @@ TEST(CountersGpuTest, ForcedBankConflictsShow) {
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
   ASSERT_NE(ev, nullptr);
   auto plan = [](const char* k) {
-    return std::string(R"({"launches": [{"kernel": ")") + k +
-           R"(", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", "x.numel"]}]})";
+    return std::string(R"P({"launches": [{"kernel": ")P") + k +
+           R"P(", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", "x.numel"]}]})P";
   };
   Evaluation e;
   CounterReport bad = Profile(ev, kBanks, plan("conflicted"), &e);
@@ -160,7 +160,7 @@ extern "C" __global__ void twice(unsigned long long* stamp, const float* x, floa
   if (blockIdx.x == 0 && threadIdx.x == 0) *stamp = now_ns();
 }
 extern "C" __global__ void plus_one(const unsigned long long* stamp, float* out, long long n) {
-  const bool watched = now_ns() - *stamp > 20000000ull;  // 20 ms between two launches
+  const bool watched = now_ns() - *stamp > 1000000ull;  // 1 ms between two launches of microseconds
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     out[i] = watched ? 0.f : out[i] + 1.f;
 }
@@ -186,8 +186,8 @@ TEST(CountersGpuTest, ACandidateThatMisbehavesOnlyUnderTheProfilerIsJudgedByItsO
   // The evaluator goes on: the next candidate is evaluated and profiled as usual.
   Evaluation next;
   CounterReport r = Profile(ev, kBanks,
-                            R"({"launches": [{"kernel": "conflict_free", "grid": ["cdiv(x.numel, 256)"], "block": [256],
-                               "args": ["x", "out", "x.numel"]}]})",
+                            R"P({"launches": [{"kernel": "conflict_free", "grid": ["cdiv(x.numel, 256)"], "block": [256],
+                               "args": ["x", "out", "x.numel"]}]})P",
                             &next);
   EXPECT_EQ(r.launches.size(), 1u) << r.note;
 }
@@ -203,10 +203,10 @@ TEST(CountersGpuTest, WithoutNcuTheEvaluationGoesOnWithANote) {
   auto ev = GpuEvaluator::Create(*ref, GpuEvaluatorOptions{});
   ASSERT_TRUE(ev.ok()) << ev.status().ToString();
   setenv("KS_NCU", "none", 1);
-  Evaluation e = EvalOne(ev->get(), kCopy, R"({"launches": [{"kernel": "copy4", "grid": ["cdiv(x.numel / 4, 256)"],
-      "block": [256], "args": ["x", "out", "x.numel / 4"]}]})");
-  auto reports = (*ev)->ReadCounters({Candidate{kBanks, R"({"launches": [{"kernel": "conflicted",
-      "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", "x.numel"]}]})"}});
+  Evaluation e = EvalOne(ev->get(), kCopy, R"P({"launches": [{"kernel": "copy4", "grid": ["cdiv(x.numel / 4, 256)"],
+      "block": [256], "args": ["x", "out", "x.numel / 4"]}]})P");
+  auto reports = (*ev)->ReadCounters({Candidate{kBanks, R"P({"launches": [{"kernel": "conflicted",
+      "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", "x.numel"]}]})P"}});
   unsetenv("KS_NCU");
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_TRUE(reports[0].launches.empty());

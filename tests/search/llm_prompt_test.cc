@@ -432,8 +432,10 @@ TEST(LlmPromptTest, MeasurementsShowTheFloorBasisAndTheCounterDigest) {
   EXPECT_THAT(text, HasSubstr("stalls: long scoreboard 48%, barrier 21%"));
   EXPECT_THAT(text, HasSubstr("tensor pipe 0%"));
   EXPECT_THAT(text, HasSubstr("more launches (not shown)"));
-  size_t at = text.find("Hardware counters");
-  EXPECT_LT(text.size() - at, 1400u) << "the digest must stay short";
+  // The block, from its heading to the next measurement: within its budget.
+  size_t at = text.find("- Hardware counters"), end = text.find("\n- ", at + 1);
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_LT(end - at, 1300u) << "the digest must stay short";
   // No counters: the model is told nothing (the user gets the reason).
   e.counters = CounterReport{{}, "no Nsight Compute (ncu) on PATH", 0};
   parent.evaluation = e;
