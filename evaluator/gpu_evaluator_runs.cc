@@ -58,7 +58,11 @@ StatusOr<ChildProcess> GpuEvaluator::LaunchWorker(const std::vector<std::string>
   std::vector<std::string> argv = prefix;
   argv.push_back(worker);
   argv.push_back("serve");
-  KS_ASSIGN_OR_RETURN(ChildProcess w, ChildProcess::Start(argv, {}, log_path, [limits] { return ApplySandbox(limits); }));
+  // A profiler in front (ncu) keeps its settings under $HOME: one it may write
+  // when it runs as nobody.
+  std::map<std::string, std::string> env;
+  if (!prefix.empty()) env["HOME"] = "/tmp";
+  KS_ASSIGN_OR_RETURN(ChildProcess w, ChildProcess::Start(argv, env, log_path, [limits] { return ApplySandbox(limits); }));
   json outs = json::array();
   for (const auto& o : outputs_) {
     PoisonPattern p;
