@@ -219,6 +219,7 @@ const std::vector<std::string>& NcuSections() {
 
 const std::vector<std::string>& NcuExtraMetrics() {
   static const std::vector<std::string> kMetrics = {
+      "lts__t_bytes.sum.per_second",
       "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
       "sm__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_active",
       "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",

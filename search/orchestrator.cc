@@ -110,6 +110,14 @@ StatusOr<SearchOutcome> Orchestrator::SearchRun::EvaluateOnly() {
   if (!o_->deps_.evaluator) return FailedPrecondition("evaluate-pending needs an evaluator");
   KS_RETURN_IF_ERROR(Load());
   auto n = EvaluateBatch();
+  if (n.ok()) {
+    // evaluate-pending on a GPU node: the counters of each round's fastest, for
+    // the prompts the model side renders next.
+    std::set<int> rounds;
+    if (auto cands = store_->ListCandidates(search_id_); cands.ok())
+      for (const auto& c : *cands) rounds.insert(c.round);
+    if (Status st = ReadCountersOfBest(rounds); !st.ok()) n = st;
+  }
   Status saved = SaveElapsed();
   if (!n.ok()) return n.status();
   KS_RETURN_IF_ERROR(saved);
@@ -220,6 +228,9 @@ Status Orchestrator::SearchRun::ProcessRound(const RoundRow& round, Mode mode, b
     interrupted = first_pass_interrupted_ || StoppingLocked();
   }
   if (!round.generated && !interrupted) KS_RETURN_IF_ERROR(store_->MarkRoundGenerated(search_id_, round.round));
+  // Once the round's candidates (repairs too) are evaluated: the counters of
+  // its fastest, which the next round's prompts show.
+  if (mode == Mode::kContinuous && !Cancelled()) KS_RETURN_IF_ERROR(ReadCountersOfBest({round.round}));
   return Status::Ok();
 }
 
@@ -279,8 +290,6 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
   }
   std::vector<Candidate> batch;
   std::vector<std::string> batch_hashes;
-  std::set<int> rounds;
-  for (const auto& c : pending) rounds.insert(c.round);
   int64_t done = 0;
   for (const auto& hash : order) {
     const auto& group = groups[hash];
@@ -318,7 +327,6 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
     }
   }
   KS_RETURN_IF_ERROR(UpdateBest());
-  KS_RETURN_IF_ERROR(ReadCountersOfBest(rounds));
   KS_RETURN_IF_ERROR(SaveElapsed());
   return done;
 }

@@ -213,9 +213,9 @@ class Orchestrator::SearchRun {
   Status UpdateBest();
 
   // Hardware counters (evaluator/counters.h) of the config_.profile_top
-  // fastest correct candidates of each of `rounds` not read yet: the kernels
-  // the next round's prompts show. Stored with their evaluations; where they
-  // cannot be read, a note says why, once.
+  // fastest correct candidates of each of `rounds` not read yet, once the
+  // round is evaluated: the kernels the next round's prompts show. Stored with
+  // their evaluations; where they cannot be read, a note says why, once.
   Status ReadCountersOfBest(const std::set<int>& rounds);
 
   // ---- stopping and finishing ----

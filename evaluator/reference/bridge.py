@@ -638,18 +638,54 @@ def _flop_counter_class():
             super().__init__(display=False, custom_mapping=mapping)
             self.by_dtype = {}
             self.uncounted = set()
+            self.paused = False  # inside an op counted as a whole (attention, below)
+
+        def add(self, dtype, n):
+            self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + int(n)
 
         def _count_flops(self, func_packet, out, args, kwargs):
+            if self.paused:
+                return out
             name = str(getattr(func_packet, "__name__", func_packet))
             if func_packet in self.flop_registry:
                 n = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
                 dtype = next((_dtype_name(a) or str(a.dtype) for a in args if isinstance(a, torch.Tensor)), "unknown")
-                self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + int(n)
+                self.add(dtype, n)
             elif any(w in name for w in _MATRIX_OP_WORDS):
                 self.uncounted.add(name)
             return super()._count_flops(func_packet, out, args, kwargs)
 
     return DtypeFlopCounter
+
+
+def _attention_mode_class():
+    """A TorchFunctionMode that counts scaled-dot-product attention as a whole,
+    in its operands' dtype. Off a GPU (the meta device) torch runs attention as
+    its math fallback, which computes half-precision attention in float32: the
+    counter would see fp32 matmuls and book the work in the wrong class."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+
+    class AttentionMode(TorchFunctionMode):
+        def __init__(self, counter):
+            super().__init__()
+            self.counter = counter
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if sdpa is None or func is not sdpa or self.counter.paused:
+                return func(*args, **kwargs)
+            qkv = list(args[:3]) + [kwargs.get(n) for n in ("query", "key", "value")[len(args[:3]):]]
+            q, k, v = qkv
+            self.counter.add(_dtype_name(q) or str(q.dtype), _attention_flops(q.shape, k.shape, v.shape))
+            self.counter.paused = True
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.counter.paused = False
+
+    return AttentionMode
 
 
 def count_flops(problem, seed):
@@ -679,7 +715,7 @@ def count_flops(problem, seed):
             model = problem.build_model(seed, None)
             inputs = problem.inputs(seed + 1, None)
             counter = counter_cls()
-            with torch.no_grad(), counter:
+            with torch.no_grad(), counter, _attention_mode_class()(counter):
                 model(*inputs)
     except Exception as e:  # noqa: BLE001 - the problem still runs; only its FLOPs are unknown
         if declared is None:
