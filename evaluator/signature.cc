@@ -217,8 +217,12 @@ StatusOr<Signature> SignatureFromJson(const nlohmann::json& j) {
                             t.value("large_rel", 0.0), t.value("large_share", 0.0)};
   }
   if (j.contains("flops") && j["flops"].is_number()) s.flops = j["flops"].get<double>();
-  s.flops_source = j.value("flops_source", s.flops ? "FLOPS" : "");
-  s.flops_note = j.value("flops_note", "");
+  // The bridge writes null where it has no figure (Python's None).
+  auto text = [&](const char* key, const std::string& otherwise) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : otherwise;
+  };
+  s.flops_source = text("flops_source", s.flops ? "FLOPS" : "");
+  s.flops_note = text("flops_note", "");
   if (j.contains("flops_by_class") && j["flops_by_class"].is_object())
     for (const auto& [cls, v] : j["flops_by_class"].items())
       if (v.is_number() && v.get<double>() > 0) s.flops_by_class[cls] = v.get<double>();

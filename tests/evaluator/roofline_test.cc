@@ -180,6 +180,15 @@ TEST(RooflineTest, SignatureJsonKeepsTheFlopFigure) {
   old.erase("flops_source");
   old.erase("flops_by_class");
   EXPECT_EQ(SignatureFromJson(old)->flops_source, "FLOPS");
+  // As the bridge writes a problem it could not count: nulls.
+  nlohmann::json uncounted = SignatureToJson(s);
+  uncounted["flops"] = nullptr;
+  uncounted["flops_source"] = nullptr;
+  uncounted["flops_by_class"] = nlohmann::json::object();
+  auto u = SignatureFromJson(uncounted);
+  ASSERT_TRUE(u.ok());
+  EXPECT_FALSE(u->flops.has_value());
+  EXPECT_EQ(u->flops_source, "");
   EXPECT_THAT(RooflineFloorText(Roofline{}), Not(HasSubstr("compute floor 0")));
 }
 
