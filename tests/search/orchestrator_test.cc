@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
+#include "search/report.h"
 #include "search/scripted_evaluator.h"
 #include "store/candidate_hash.h"
 
@@ -707,6 +708,13 @@ TEST_F(OrchestratorTest, CountersOfEachRoundsBestReachTheNextPrompts) {
   for (const auto& prompt : llm.Prompts("ideas"))
     shown = shown || prompt.find("stalls: long scoreboard 48%, barrier 21%") != std::string::npos;
   EXPECT_TRUE(shown) << "the ideas prompt of round 1 shows its parent's counter digest";
+  // The report shows the digest beside each profiled candidate.
+  auto data = ReportData(store.get(), id);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  int digests = 0;
+  for (const auto& rc : (*data)["candidates"])
+    if (rc.value("counters", std::string()).find("stalls: long scoreboard 48%") != std::string::npos) ++digests;
+  EXPECT_EQ(digests, 2);
 }
 
 TEST_F(OrchestratorTest, WithoutCountersTheSearchGoesOnWithOneNote) {
