@@ -31,14 +31,14 @@ struct ScriptedEvaluatorOptions {
   double compile_ms = 1.5;
   double delay_ms = 0;     // sleep per candidate, to stand in for GPU time
   double floor_ms = 0;     // > 0: a roofline whose floor is this time (fraction = floor / median)
+  // Hardware counters to report for every profiled candidate (tests of the
+  // digest reaching prompts); absent: none, with the base class's note.
+  std::optional<CounterReport> counters;
   std::string log_path;    // "" = no log
   int64_t fail_after = -1; // < 0: never
   std::string device = "fake-gpu";
   // Device facts to report as if measured (tests of the facts reaching prompts).
   std::optional<GpuFacts> gpu;
-  // Hardware counters to report for every profiled candidate (tests of the
-  // digest reaching prompts); absent: none, with the base class's note.
-  std::optional<CounterReport> counters;
 };
 
 // Reads {"eager_ms", "compile_ms", "delay_ms", "floor_ms", "log", "fail_after", "device",

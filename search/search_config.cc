@@ -88,9 +88,9 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
   if (!j.is_object()) return InvalidArgument("search config must be a JSON object");
   static const std::set<std::string> kKeys = {
-      "rounds", "ideas", "branches", "beam", "repair_attempts", "budget_calls", "budget_tokens",
+      "rounds", "ideas", "branches", "beam", "repair_attempts", "profile_top", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
-      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "profile_top"};
+      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank"};
   for (const auto& [key, value] : j.items())
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
