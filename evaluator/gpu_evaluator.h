@@ -36,7 +36,12 @@
 //  - the device malloc heap: malloc/free/new refused at compile time
 //    (compiler.cc), and the worker's heap limit set to the minimum;
 //  - the L2 flush buffer: the worker's own allocation, rewritten before each run;
-//  - device printf FIFO: capped, and only a log, never an answer.
+//  - device printf FIFO: capped, and only a log, never an answer;
+//  - the profiled run (hardware counters, gpu_evaluator_counters.cc): a second
+//    worker under ncu, its run prepared and verified as every run is; it
+//    decides nothing about the candidate (stops a kernel that detects the
+//    profiler from buying better-looking counters: a wrong profiled run only
+//    drops them).
 // What cannot be stopped here, and why:
 //  - per-thread local memory (stack) is not cleared between launches; which
 //    warp gets which slot depends on scheduling, so an answer cached there is
