@@ -8,7 +8,6 @@
 // candidate that detects the profiler (its replays, its timing) and behaves
 // differently gains nothing: its status and time come from its ordinary runs,
 // and a profiled run that is not correct only drops its counters.
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,8 +64,7 @@ void WaitOrKill(ChildProcess& p, double seconds) {
     if (p.TryReap()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (p.pid() > 0) kill(-p.pid(), SIGKILL);  // the group Spawn made for it: ours alone
-  p.Kill();
+  p.Kill();  // the process group Spawn made for it: ncu and the worker it started
 }
 
 // ncu's table or messages; "" when it wrote none.
