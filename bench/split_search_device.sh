@@ -15,7 +15,9 @@ PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 DB=$OUT/split.db
 rm -f "$DB"
-P=tests/evaluator/gpu_fixtures/softmax_small.py
+# The problem: a small fixture by default; P=.kernelbench/... for a KernelBench
+# file at its real size (the model side reads it on the meta device, no --signature).
+P=${P:-tests/evaluator/gpu_fixtures/softmax_small.py}
 T=tests/e2e/fixtures/softmax_search.jsonl
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 model=(--model "replay:$T" --replay-loose --db "$DB")

@@ -62,5 +62,6 @@ void RegisterServeCommand(CLI::App& app);    // serve (gRPC server)
 void RegisterReportCommand(CLI::App& app);   // report (HTML page of a search)
 void RegisterRemoteCommands(CLI::App& app);  // submit, watch, cancel, remote history|best|show|lineage|eval
 void RegisterGpuWorkerCommand(CLI::App& app);  // gpu-worker (pulls leased candidates from a server)
+void RegisterDoctorCommand(CLI::App& app);     // doctor: what this machine can do
 
 }  // namespace ks::cli

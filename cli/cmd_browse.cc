@@ -32,11 +32,20 @@ struct BrowseFlags {
   std::string problem;
   int64_t id = 0;
   std::string out_dir;
-  std::string arch = "sm_90";
+  std::string arch = "sm_90a";
 };
 
 StatusOr<std::unique_ptr<store::LineageStore>> OpenStore(const BrowseFlags& f) {
-  return store::LineageStore::Open(f.db.empty() ? store::DefaultDbPath() : f.db);
+  store::LineageStore::Options o;
+  o.must_exist = true;
+  return store::LineageStore::Open(f.db.empty() ? store::DefaultDbPath() : f.db, o);
+}
+
+// Rounds as --rounds counts them: improvement rounds after round 0, done/asked.
+std::string RoundsText(const store::SearchSummary& s) {
+  auto config = nlohmann::json::parse(s.search.config_json, nullptr, false);
+  int asked = config.is_object() ? config.value("rounds", 0) : 0;
+  return fmt::format("{}/{}", std::max(0, s.rounds - 1), asked);
 }
 
 std::string Opt(const std::optional<double>& v, const char* fmt_spec) {
@@ -86,7 +95,13 @@ int History(const BrowseFlags& f) {
     for (const auto& s : all)
       arr.push_back({{"search", s.search.id}, {"problem", s.problem_name},
                      {"status", store::SearchStatusName(s.search.status)}, {"stop_reason", s.search.stop_reason},
-                     {"rounds", s.rounds}, {"candidates", s.candidates}, {"evaluated", s.evaluated},
+                     // As --rounds counts them: improvement rounds after round 0.
+                     {"rounds", std::max(0, s.rounds - 1)},
+                     {"rounds_asked", [&] {
+                        auto c = nlohmann::json::parse(s.search.config_json, nullptr, false);
+                        return c.is_object() ? c.value("rounds", 0) : 0;
+                      }()},
+                     {"candidates", s.candidates}, {"evaluated", s.evaluated},
                      {"correct", s.correct},
                      {"best_speedup", s.best_speedup_eager ? nlohmann::json(*s.best_speedup_eager) : nlohmann::json()},
                      {"best_candidate", s.search.best_candidate ? nlohmann::json(*s.search.best_candidate)
@@ -100,14 +115,18 @@ int History(const BrowseFlags& f) {
   std::printf("%-6s %-22s %-10s %6s %6s %7s %8s %6s %6s %8s  %s\n", "search", "problem", "status", "rounds",
               "cands", "correct", "best", "calls", "failed", "cost", "created");
   for (const auto& s : all) {
-    std::printf("%-6lld %-22s %-10s %6d %6lld %7lld %8s %6lld %6lld %8s  %s\n", static_cast<long long>(s.search.id),
-                s.problem_name.c_str(), store::SearchStatusName(s.search.status), s.rounds,
+    std::printf("%-6lld %-22s %-10s %6s %6lld %7lld %8s %6lld %6lld %8s  %s\n", static_cast<long long>(s.search.id),
+                s.problem_name.c_str(), store::SearchStatusName(s.search.status), RoundsText(s).c_str(),
                 static_cast<long long>(s.candidates), static_cast<long long>(s.correct),
                 Opt(s.best_speedup_eager, "{:.2f}x").c_str(), static_cast<long long>(s.spend.calls),
                 static_cast<long long>(s.failed_calls), fmt::format("${:.2f}", s.spend.cost_usd).c_str(),
                 s.search.created.c_str());
     // The reason a search found nothing is usually the model's error: say it here.
     if (s.failed_calls > 0) std::printf("       first failed model call: %s\n", s.first_llm_error.c_str());
+    if (s.search.status == store::SearchStatus::kFailed && !s.search.stop_reason.empty())
+      std::printf("       failed: %s\n", s.search.stop_reason.c_str());
+    else if (s.search.status == store::SearchStatus::kFinished && s.correct == 0)
+      std::printf("       no correct kernel found\n");
   }
   return kExitOk;
 }
@@ -260,8 +279,8 @@ void RegisterBrowseCommands(CLI::App& app) {
         s->add_option("id", f->id, "candidate id")->required();
         s->add_option("--out", f->out_dir, "output directory")->required();
         s->add_option("--arch", f->arch,
-                      "arch to compile for at export, to read the kernels' parameters (the module compiles for "
-                      "the GPU it runs on)")
+                      "target to compile for at export when the evaluation recorded none (the module compiles for "
+                      "the GPU it runs on; an arch-specific target such as sm_90a only for that architecture)")
             ->capture_default_str();
       });
 }

@@ -1,4 +1,4 @@
-// kernelsearch compile PROBLEM CANDIDATE [--plan P] [--arch sm_90] [--json]
+// kernelsearch compile PROBLEM CANDIDATE [--plan P] [--arch sm_90|sm_90a] [--json]
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 #include "evaluator/candidate_parser.h"
 #include "evaluator/compiler.h"
 #include "evaluator/cuda_driver.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "evaluator/problem.h"
 
 namespace ks::cli {
@@ -39,7 +39,7 @@ int Run(const CompileArgs& a) {
   PlanLimits limits;
   if (arch.empty()) {
     auto detected = DetectArch();
-    arch = detected.ok() ? *detected : "sm_90";
+    arch = ArchSpecificTarget(detected.ok() ? *detected : "sm_90");
   }
   CompileOptions co;
   co.arch = arch;
@@ -111,7 +111,8 @@ void RegisterCompileCommand(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingFile);
   sub->add_option("--plan", a->plan, "Launch-plan JSON file")->check(CLI::ExistingFile);
-  sub->add_option("--arch", a->arch, "Target architecture, e.g. sm_90 (default: the GPU's, else sm_90)");
+  sub->add_option("--arch", a->arch, "NVRTC target: sm_90 or the arch-specific sm_90a (wgmma, setmaxnreg); default: the GPU's "
+                  "arch-specific target, else sm_90a");
   sub->add_option("--timeout", a->timeout_s, "Compile time limit in seconds")->capture_default_str();
   AddPythonOption(sub, &a->python);
   sub->add_flag("--json", a->json, "Print JSON");

@@ -20,29 +20,9 @@ std::string Hint(const Status& s) {
 }
 
 int RunCheck(const LlmFlags& flags) {
-  StatusOr<std::unique_ptr<LlmClient>> client = MakeLlmClientFromFlags(flags);
-  if (!client.ok()) return ReportError(client.status().WithContext("llm check " + flags.config.spec));
-  LlmRequest req;
-  req.role = "check";
-  req.system = "You are a connectivity check. Answer briefly.";
-  req.prompt = "Reply with the single word: ok";
-  req.temperature = 0;
-  // Reasoning models spend tokens before they answer; 16 would cut them off.
-  req.max_tokens = flags.config.reasoning_effort.empty() ? 16 : 1024;
-  LlmCallRecord rec;
-  StatusOr<std::string> reply = (*client)->Complete(req, &rec);
-  if (!reply.ok()) {
-    Status s = reply.status();
-    return ReportError(Status(s.code(), "llm check failed for " + (*client)->Describe() + ": " + s.message() + Hint(s)));
-  }
-  std::string text = *reply;
-  for (char& c : text)
-    if (c == '\n' || c == '\r') c = ' ';
-  if (text.size() > 80) text = text.substr(0, 80) + "...";
-  std::printf("%s\n", fmt::format("ok: {} answered in {:.2f} s ({} tokens in, {} out, ${:.6f}, finish_reason {}): {}",
-                                  (*client)->Describe(), rec.latency_s, rec.tokens_in, rec.tokens_out, rec.cost_usd,
-                                  rec.finish_reason.empty() ? "?" : rec.finish_reason, text)
-                          .c_str());
+  auto summary = CheckModel(flags);
+  if (!summary.ok()) return ReportError(summary.status());
+  std::printf("ok: %s\n", summary->c_str());
   return kExitOk;
 }
 
@@ -80,6 +60,31 @@ StatusOr<std::unique_ptr<LlmClient>> MakeLlmClientFromFlags(const LlmFlags& flag
     roles[role_spec.first] = role_spec.second;
   }
   return MakeRoutedLlmClient(c, roles);
+}
+
+StatusOr<std::string> CheckModel(const LlmFlags& flags) {
+  StatusOr<std::unique_ptr<LlmClient>> client = MakeLlmClientFromFlags(flags);
+  if (!client.ok()) return client.status().WithContext("llm check " + flags.config.spec);
+  LlmRequest req;
+  req.role = "check";
+  req.system = "You are a connectivity check. Answer briefly.";
+  req.prompt = "Reply with the single word: ok";
+  req.temperature = 0;
+  // Reasoning models spend tokens before they answer; 16 would cut them off.
+  req.max_tokens = flags.config.reasoning_effort.empty() ? 16 : 1024;
+  LlmCallRecord rec;
+  StatusOr<std::string> reply = (*client)->Complete(req, &rec);
+  if (!reply.ok()) {
+    Status s = reply.status();
+    return Status(s.code(), "llm check failed for " + (*client)->Describe() + ": " + s.message() + Hint(s));
+  }
+  std::string text = *reply;
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  if (text.size() > 80) text = text.substr(0, 80) + "...";
+  return fmt::format("{} answered in {:.2f} s ({} tokens in, {} out, ${:.6f}, finish_reason {}): {}",
+                     (*client)->Describe(), rec.latency_s, rec.tokens_in, rec.tokens_out, rec.cost_usd,
+                     rec.finish_reason.empty() ? "?" : rec.finish_reason, text);
 }
 
 void RegisterLlmCommands(CLI::App& app) {

@@ -5,6 +5,7 @@
 //
 // Every command takes --server HOST:PORT (else $KS_SERVER), --token-file (else
 // $KS_SERVER_TOKEN) and --tls-ca for a server with TLS.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -65,9 +66,10 @@ const char* StateName(pb::SearchState s) {
 std::string Speedup(double s) { return s > 0 ? fmt::format("{:.2f}x", s) : "-"; }
 
 void PrintInfo(const pb::SearchInfo& s) {
-  std::printf("search %s  problem %s (%s)  %s  rounds %d  evaluated %d  correct %d  best %s%s  $%.2f%s\n",
+  // Rounds as --rounds counts them: improvement rounds after round 0, done/asked.
+  std::printf("search %s  problem %s (%s)  %s  rounds %d/%d  evaluated %d  correct %d  best %s%s  $%.2f%s\n",
               s.search_id().c_str(), s.problem_id().c_str(), s.problem_name().c_str(), StateName(s.state()),
-              s.rounds_done(), s.candidates_evaluated(), s.candidates_correct(), Speedup(s.best_speedup()).c_str(),
+              std::max(0, s.rounds_done() - 1), s.config().rounds(), s.candidates_evaluated(), s.candidates_correct(), Speedup(s.best_speedup()).c_str(),
               s.best_candidate_id().empty() ? "" : (" (candidate " + s.best_candidate_id() + ")").c_str(),
               s.cost_usd(), s.stop_reason().empty() ? "" : ("  [" + s.stop_reason() + "]").c_str());
   if (s.failed_llm_calls() > 0)
@@ -228,6 +230,16 @@ void RegisterRemoteCommands(CLI::App& app) {
       req.set_search_id(f->id);
       auto info = (*client)->CancelSearch(req);
       if (!info.ok()) return ReportError(info.status());
+      // Say what happened: the server answers once the search has stopped.
+      if (info->state() == pb::CANCELLED)
+        std::printf("search %s cancelled: no model call was made after the cancel (calls in flight were "
+                    "aborted); evaluations already running finished and were stored (%d evaluated in all). "
+                    "It stays in the store: browse it with `kernelsearch remote show`.\n",
+                    f->id.c_str(), info->candidates_evaluated());
+      else
+        std::printf("search %s asked to stop; it is still %s (an evaluation batch is finishing): "
+                    "`kernelsearch watch %s` shows when it ends\n",
+                    f->id.c_str(), StateName(info->state()), f->id.c_str());
       PrintInfo(*info);
       return kExitOk;
     });

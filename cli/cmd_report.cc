@@ -18,7 +18,9 @@ struct ReportFlags {
 };
 
 int RunReport(const ReportFlags& f) {
-  auto store = store::LineageStore::Open(f.db.empty() ? store::DefaultDbPath() : f.db);
+  store::LineageStore::Options o;
+  o.must_exist = true;
+  auto store = store::LineageStore::Open(f.db.empty() ? store::DefaultDbPath() : f.db, o);
   if (!store.ok()) return ReportError(store.status());
   auto id = ResolveReportTarget(store->get(), f.target);
   if (!id.ok()) return ReportError(id.status());

@@ -2,6 +2,8 @@
 // or the model side of a split search) and evaluating what a split search left
 // pending. The lineage store is $KS_DB, else ~/.local/share/kernelsearch/lineage.db
 // (XDG_DATA_HOME respected); --db overrides.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "search/evaluator_factory.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
+#include "search/search_setup.h"
 #include "search/suite.h"
 #include "evaluator/cuda_driver.h"
 #include "store/lineage_store.h"
@@ -63,6 +66,15 @@ struct SearchFlags {
 
 std::string DbPath(const std::string& flag) { return flag.empty() ? store::DefaultDbPath() : flag; }
 
+// A rewritten line ("\r" and an erase) only makes sense on a terminal; in a
+// log it is noise: there, each event is a line of its own and the live status
+// line (rewritten many times a second) is left out.
+bool StderrIsTerminal() {
+  static const bool tty = isatty(STDERR_FILENO) == 1;
+  return tty;
+}
+const char* Rewrite() { return StderrIsTerminal() ? "\r\033[K" : ""; }
+
 // Live progress: one rewritten line on stderr for people, JSON lines on stdout
 // for scripts.
 class Progress {
@@ -79,7 +91,7 @@ class Progress {
     // A step whose model calls failed says so when it ends, whatever --quiet
     // says: a search that silently finds nothing is the worst outcome.
     if ((e.type == SearchEvent::Type::kRoundStarted || e.type == SearchEvent::Type::kFinished) && step_failed_ > 0) {
-      std::fprintf(stderr, "\r\033[K%s%lld model call%s failed; first error: %s\n",
+      std::fprintf(stderr, "%s%s%lld model call%s failed; first error: %s\n", Rewrite(),
                    step_round_ >= 0 ? fmt::format("round {}: ", step_round_).c_str() : "",
                    static_cast<long long>(step_failed_), step_failed_ == 1 ? "" : "s", step_first_error_.c_str());
       step_failed_ = 0;
@@ -97,10 +109,14 @@ class Progress {
                          : e.type == SearchEvent::Type::kNewBest
                              ? fmt::format("new best: candidate {} ({:.2f}x)", e.candidate_id, e.speedup.value_or(0))
                              : "finished: " + e.text;
-      std::fprintf(stderr, "\r\033[K%s\n", what.c_str());
+      std::fprintf(stderr, "%s%s\n", Rewrite(), what.c_str());
     }
-    std::fprintf(stderr, "\r\033[K%s", line.c_str());
-    if (e.type == SearchEvent::Type::kFinished) std::fprintf(stderr, "\n");
+    if (StderrIsTerminal()) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      if (e.type == SearchEvent::Type::kFinished) std::fprintf(stderr, "\n");
+    } else if (e.type == SearchEvent::Type::kFinished) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
     std::fflush(stderr);
   }
 
@@ -111,14 +127,24 @@ class Progress {
   std::string step_first_error_;
 };
 
-StatusOr<std::unique_ptr<LlmClient>> MakeClient(const SearchFlags& f, const SearchConfig& config) {
-  LlmFlags flags = f.llm;
-  flags.config.spec = config.model;
-  flags.config.cancel = &g_interrupted;
-  flags.role_models.clear();
-  for (const auto& [role, spec] : config.role_models) flags.role_models.push_back(role + "=" + spec);
-  if (flags.config.spec.empty()) return InvalidArgument("no model: pass --model SPEC (or set \"model\" in --config)");
-  return MakeLlmClientFromFlags(flags);
+// What every model client of a search shares (keys, timeouts, prices, the
+// transcript, the interrupt); the spec and the per-role specs come from the
+// search's config (search/search_setup.h).
+LlmConfig BaseLlmConfig(const LlmFlags& flags) {
+  LlmConfig c = flags.config;
+  if (flags.temperature >= 0) c.temperature = flags.temperature;
+  if (flags.max_tokens > 0) c.max_tokens = flags.max_tokens;
+  c.cancel = &g_interrupted;
+  return c;
+}
+
+// A slow phase says what it is doing, on stderr, unless --quiet or --json.
+std::function<void(const std::string&)> PhasePrinter(bool quiet, bool json) {
+  if (quiet || json) return nullptr;
+  return [](const std::string& what) {
+    std::fprintf(stderr, "%s...\n", what.c_str());
+    std::fflush(stderr);
+  };
 }
 
 // The search config the flags describe: --config's file, then the flags given.
@@ -161,6 +187,7 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   }
   if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
   if (f.no_bank) config.bank = false;
+  if (f.allow_degenerate) config.allow_degenerate = true;
   KS_RETURN_IF_ERROR(config.Validate());
   return config;
 }
@@ -191,6 +218,13 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
     if (out.pending > 0)
       std::printf("%lld candidates pending: run `kernelsearch evaluate-pending` where the GPU is\n",
                   static_cast<long long>(out.pending));
+    // A search that ends without a kernel says so in its last line.
+    if (out.status == store::SearchStatus::kFailed)
+      std::printf("no correct kernel: the search failed; resume it with `kernelsearch search --resume %lld` "
+                  "(--model SPEC to change the model)\n",
+                  static_cast<long long>(out.search_id));
+    else if (out.status == store::SearchStatus::kFinished && !out.best_candidate)
+      std::printf("no correct kernel found (`kernelsearch show` of a candidate says why it failed)\n");
   }
   if (out.status == store::SearchStatus::kCancelled) return kExitEnv;
   // Model calls were made, every one failed and nothing came of this run: the
@@ -201,128 +235,77 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
                  static_cast<long long>(out.llm_failed_now), out.first_llm_error.c_str());
     return kExitEnv;
   }
+  if (out.status == store::SearchStatus::kFailed) return kExitFailed;
   return kExitOk;
 }
 
 int RunSearch(SearchFlags& f, CLI::App* sub) {
   auto store = store::LineageStore::Open(DbPath(f.db));
   if (!store.ok()) return ReportError(store.status());
-  int64_t search_id = f.resume;
-  std::string problem_file;
-  SearchConfig config;
+  SetupOptions so;
+  so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
+  so.llm = BaseLlmConfig(f.llm);
+  so.on_phase = PhasePrinter(f.quiet, f.json);
+  const bool fake = f.evaluator == "fake" || f.evaluator.rfind("fake:", 0) == 0;
+  // Without a GPU a continuous search cannot evaluate: say so before anything
+  // is written (the model side of a split search needs none).
+  if (!f.generate_only && !fake) {
+    std::string why;
+    if (!GpuAvailable(&why))
+      return ReportError(FailedPrecondition(
+          "this search needs a GPU to evaluate candidates (" + why +
+          "); run the model side here with --generate-only [--gpu NAME] and `kernelsearch evaluate-pending` "
+          "on a GPU node, or try the tool with --evaluator fake"));
+  }
+  std::unique_ptr<SearchSetup> setup;
   if (f.resume) {
-    auto search = (*store)->GetSearch(f.resume);
-    if (!search.ok()) return ReportError(search.status());
-    auto c = SearchConfigFromJson(nlohmann::json::parse(search->config_json, nullptr, false));
-    if (!c.ok()) return ReportError(c.status());
-    config = *c;
-    auto problem = (*store)->GetProblem(search->problem_id);
-    if (!problem.ok()) return ReportError(problem.status());
-    auto file = StoredProblemFile(*problem);
-    if (!file.ok()) return ReportError(file.status());
-    problem_file = *file;
     // A different model may be named for the rest of a resumed search (a key
-    // changed, a server moved); the tree's shape stays as stored.
-    if (sub->count("--model")) config.model = f.llm.config.spec;
+    // changed, a server moved, a model failed); the tree's shape stays as stored.
+    auto opened = SearchSetup::Open(store->get(), f.resume, so, sub->count("--model") ? f.llm.config.spec : "");
+    if (!opened.ok()) return ReportError(opened.status());
+    setup = std::move(*opened);
   } else {
     if (f.problem.empty()) return ReportError(InvalidArgument("search: give a PROBLEM file or --resume ID"));
-    problem_file = f.problem;
-    if (std::filesystem::is_directory(problem_file))
-      return ReportError(InvalidArgument(problem_file + " is a directory: search many problems with `kernelsearch suite " +
-                                         problem_file + "`"));
-    auto c = ConfigFromFlags(f, sub);
-    if (!c.ok()) return ReportError(c.status());
-    config = *c;
-  }
-
-  // A degenerate reference (outputs all zero, constant, independent of the
-  // input, or NaN) cannot tell a right kernel from a wrong one: refuse it
-  // unless the user says otherwise. Without torch here (--signature), the GPU
-  // node's evaluator still warns when it prepares the reference.
-  if (!f.resume && f.signature_file.empty() && !f.allow_degenerate) {
-    auto warnings = CheckProblem(problem_file, BridgeOptions{.python = f.python});
-    if (!warnings.ok()) return ReportError(warnings.status());
-    if (!warnings->empty()) {
-      std::string why;
-      for (const auto& w : *warnings) why += "\n  - " + w;
-      return ReportError(InvalidArgument(problem_file + " has a degenerate reference; its outputs cannot tell a "
-                                            "correct kernel from a wrong one:" + why +
-                                            "\n(pass --allow-degenerate to search anyway)"));
-    }
-  }
-
-  // The evaluator first: a search that cannot evaluate must fail before it
-  // spends anything on the model.
-  std::unique_ptr<CandidateEvaluator> evaluator;
-  std::optional<GpuFacts> measured_gpu;
-  if (!f.generate_only) {
-    auto made = MakeSearchEvaluator(problem_file,
-                                    {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
-    if (!made.ok()) return ReportError(made.status());
-    evaluator = std::move(made->evaluator);
-    // What the prompts say about the GPU is fixed when the search is created:
-    // the evaluator's measured facts, with --gpu naming it differently.
-    if (!f.resume && made->gpu) {
-      config.gpu = *made->gpu;
-      if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
-    }
-    if (!f.resume && config.gpu.name.empty()) config.gpu.name = evaluator->DeviceName();
-    measured_gpu = made->gpu;
-  } else if (!f.resume && !f.gpu_name.empty()) {
-    // The model side of a split search: the facts a GPU node of that name
-    // measured, if one ever reported to this store.
-    auto facts = (*store)->LatestGpuFacts(f.gpu_name);
-    if (!facts.ok()) return ReportError(facts.status());
-    nlohmann::json j = *facts ? nlohmann::json::parse(**facts, nullptr, false) : nlohmann::json();
-    if (j.is_object()) {
-      config.gpu = GpuFactsFromJson(j);
-      config.gpu.name = f.gpu_name;
-    } else {
-      std::fprintf(stderr,
-                   "kernelsearch: no device facts for GPU '%s' in %s yet: prompts say its figures are unknown "
-                   "until `kernelsearch evaluate-pending` on that GPU has measured them\n",
-                   f.gpu_name.c_str(), (*store)->path().c_str());
-    }
-  }
-  auto llm = MakeClient(f, config);
-  if (!llm.ok()) return ReportError(llm.status());
-  auto prompts = PromptLibrary::LoadDefault();
-  if (!prompts.ok()) return ReportError(prompts.status());
-
-  if (!f.resume) {
-    auto source = ReadFile(problem_file);
-    if (!source.ok()) return ReportError(source.status());
-    Signature sig;
+    if (std::filesystem::is_directory(f.problem))
+      return ReportError(InvalidArgument(f.problem + " is a directory: search many problems with `kernelsearch suite " +
+                                         f.problem + "`"));
+    auto config = ConfigFromFlags(f, sub);
+    if (!config.ok()) return ReportError(config.status());
+    NewSearchRequest request{.problem_file = f.problem, .config = *config, .gpu_name = f.gpu_name, .python = f.python};
     if (!f.signature_file.empty()) {
       auto text = ReadFile(f.signature_file);
       if (!text.ok()) return ReportError(text.status());
       auto parsed = SignatureFromJson(nlohmann::json::parse(*text, nullptr, false));
       if (!parsed.ok()) return ReportError(parsed.status().WithContext(f.signature_file));
-      sig = *parsed;
-    } else {
-      auto loaded = LoadProblemSignature(problem_file, BridgeOptions{.python = f.python});
-      if (!loaded.ok()) return ReportError(loaded.status());
-      sig = *loaded;
+      request.signature = *parsed;
     }
-    auto id = Orchestrator::CreateSearch(store->get(), problem_file, *source, sig, config);
-    if (!id.ok()) return ReportError(id.status());
-    search_id = *id;
-    if (!f.quiet && !f.json) std::fprintf(stderr, "search %lld (resume with --resume %lld)\n",
-                                          static_cast<long long>(search_id), static_cast<long long>(search_id));
+    auto created = SearchSetup::Create(store->get(), request, so);
+    if (!created.ok()) return ReportError(created.status());
+    setup = std::move(*created);
+    if (!f.quiet && !f.json)
+      std::fprintf(stderr, "search %lld (resume with --resume %lld)\n", static_cast<long long>(setup->search_id()),
+                   static_cast<long long>(setup->search_id()));
   }
-
-  if (measured_gpu) {
-    Status st = (*store)->PutGpuFacts(measured_gpu->name, GpuFactsToJson(*measured_gpu).dump(), search_id);
-    if (!st.ok()) return ReportError(st);
+  SearchSetup& s = *setup;
+  // Said even with --quiet: what the prompts will claim about the GPU matters.
+  for (const auto& note : s.notes()) std::fprintf(stderr, "kernelsearch: %s\n", note.c_str());
+  // The GPU side: the reference is computed (or reused) and checked before
+  // anything is spent on the model; a reference that cannot judge kernels
+  // stops the search here, recorded as failed with the reason.
+  if (!f.generate_only) {
+    Status st = s.PrepareEvaluator();
+    if (!st.ok()) return ReportError(st.WithContext("search " + std::to_string(s.search_id())));
   }
+  auto prompts = PromptLibrary::LoadDefault();
+  if (!prompts.ok()) return ReportError(prompts.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   Progress progress(f.quiet, f.json);
-  Orchestrator orch({.store = store->get(), .llm = llm->get(), .evaluator = evaluator.get(),
-                     .prompts = &*prompts, .cancel = &g_interrupted},
+  Orchestrator orch({.store = store->get(), .llm = s.llm(), .evaluator = s.evaluator(), .prompts = &*prompts,
+                     .cancel = &g_interrupted},
                     [&](const SearchEvent& e) { progress(e); });
-  auto out = orch.Run(search_id, f.generate_only ? Orchestrator::Mode::kGenerateOnly : Orchestrator::Mode::kContinuous);
-  if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
+  auto out = orch.Run(s.search_id(), f.generate_only ? Orchestrator::Mode::kGenerateOnly : Orchestrator::Mode::kContinuous);
+  if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(s.search_id())));
   return PrintOutcome(*out, f.json);
 }
 
@@ -339,12 +322,13 @@ class SuiteProgress {
           Print(nlohmann::json{{"event", "problem_started"}, {"index", e.index}, {"problem", e.problem}});
         } else if (!quiet_) {
           Header();
-          std::fprintf(stderr, "\r\033[K[%d/%d] %s: preparing", e.index + 1, e.count, e.problem.c_str());
+          std::fprintf(stderr, "%s[%d/%d] %s: preparing%s", Rewrite(), e.index + 1, e.count, e.problem.c_str(),
+                       StderrIsTerminal() ? "" : "\n");
           std::fflush(stderr);
         }
         return;
       case SuiteEvent::Type::kSearchProgress: {
-        if (json_ || quiet_ || !e.search) return;
+        if (json_ || quiet_ || !e.search || !StderrIsTerminal()) return;
         const SearchEvent& s = *e.search;
         std::string best = s.best_speedup ? fmt::format("{:.2f}x", *s.best_speedup) : "-";
         std::fprintf(stderr, "\r\033[K[%d/%d] %s: round %d | evaluated %lld (%lld failed) | best %s | %lld calls",
@@ -362,7 +346,7 @@ class SuiteProgress {
           Print(j);
         } else {
           Header();
-          if (!quiet_) std::fprintf(stderr, "\r\033[K");
+          if (!quiet_) std::fprintf(stderr, "%s", Rewrite());
           std::fflush(stderr);
           std::printf("%s", RenderSuiteRow(e.index, e.result).c_str());
           std::fflush(stdout);
@@ -430,7 +414,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
     std::string why;
     if (!GpuAvailable(&why)) return ReportError(FailedPrecondition("a suite needs a GPU to evaluate candidates: " + why));
   }
-  auto llm = MakeClient(f, config);
+  auto llm = MakeSearchModel(config, BaseLlmConfig(f.llm));
   if (!llm.ok()) return ReportError(llm.status());
   auto prompts = PromptLibrary::LoadDefault();
   if (!prompts.ok()) return ReportError(prompts.status());
@@ -442,28 +426,11 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
   if (!f.json) std::fprintf(stderr, "suite %lld (resume with `kernelsearch suite --resume %lld`)\n",
                             static_cast<long long>(suite_id), static_cast<long long>(suite_id));
 
-  BridgeOptions bridge{.python = f.python};
-  SuiteRunner::Hooks hooks;
-  hooks.signature = [&](const std::string& file) -> StatusOr<Signature> {
-    // As a single search: a degenerate reference cannot tell a right kernel from a wrong one.
-    if (!f.allow_degenerate) {
-      KS_ASSIGN_OR_RETURN(std::vector<std::string> warnings, CheckProblem(file, bridge));
-      if (!warnings.empty()) {
-        std::string why;
-        for (const auto& w : warnings) why += (why.empty() ? "" : "; ") + w;
-        return InvalidArgument("degenerate reference (" + why + "); --allow-degenerate to search anyway");
-      }
-    }
-    return LoadProblemSignature(file, bridge);
-  };
-  hooks.evaluator = [&](const std::string& file) {
-    return MakeSearchEvaluator(file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
-  };
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   SuiteProgress progress(f.quiet, f.json);
   SuiteRunner runner({.store = store->get(), .llm = llm->get(), .prompts = &*prompts, .cancel = &g_interrupted,
-                      .hooks = hooks},
+                      .evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus}},
                      [&](const SuiteEvent& e) { progress(e); });
   auto report = runner.Run(suite_id);
   if (!report.ok()) return ReportError(report.status().WithContext("suite " + std::to_string(suite_id)));
@@ -496,23 +463,26 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
   std::signal(SIGTERM, OnSignal);
   Progress progress(f.quiet, f.json);
   int64_t total = 0;
+  int refused = 0;
   for (const auto& [search_id, n] : per_search) {
-    auto search = (*store)->GetSearch(search_id);
-    if (!search.ok()) return ReportError(search.status());
-    auto problem = (*store)->GetProblem(search->problem_id);
-    if (!problem.ok()) return ReportError(problem.status());
-    auto file = StoredProblemFile(*problem);
-    if (!file.ok()) return ReportError(file.status());
-    auto made =
-        MakeSearchEvaluator(*file, {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus});
-    if (!made.ok()) return ReportError(made.status());
-    // What this GPU node measured goes into the store, so that the model side
-    // tells the model true figures (search --generate-only --resume / --gpu NAME).
-    if (made->gpu) {
-      Status st = (*store)->PutGpuFacts(made->gpu->name, GpuFactsToJson(*made->gpu).dump(), search_id);
-      if (!st.ok()) return ReportError(st);
+    SetupOptions so;
+    so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
+    so.need_model = false;
+    so.on_phase = PhasePrinter(f.quiet, f.json);
+    auto setup = SearchSetup::Open(store->get(), search_id, so);
+    Status st = setup.ok() ? (*setup)->PrepareEvaluator() : setup.status();
+    if (!st.ok()) {
+      // The problem's fault (a reference that cannot judge kernels) stops
+      // that search, recorded as failed; the other searches go on. Anything
+      // else (no GPU, no torch) stops here.
+      const bool problems_fault =
+          st.code() == Code::kInvalidArgument || (!setup.ok() && st.code() == Code::kFailedPrecondition);
+      if (!problems_fault) return ReportError(st.WithContext("search " + std::to_string(search_id)));
+      ReportError(st.WithContext("search " + std::to_string(search_id)));
+      ++refused;
+      continue;
     }
-    Orchestrator orch({.store = store->get(), .evaluator = made->evaluator.get(), .cancel = &g_interrupted},
+    Orchestrator orch({.store = store->get(), .evaluator = (*setup)->evaluator(), .cancel = &g_interrupted},
                       [&](const SearchEvent& e) { progress(e); });
     auto out = orch.EvaluatePending(search_id);
     if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(search_id)));
@@ -529,7 +499,7 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
                   static_cast<long long>(search_id));
     }
   }
-  return kExitOk;
+  return refused > 0 ? kExitUsage : kExitOk;
 }
 
 // The options a single search and a suite share: the search's shape, budgets,

@@ -20,6 +20,7 @@ void PrintEvaluation(const Evaluation& e) {
   std::printf("status:   %s\n", EvalStatusName(e.status));
   if (!e.message.empty()) std::printf("message:  %s\n", e.message.c_str());
   if (!e.device.empty()) std::printf("device:   %s\n", e.device.c_str());
+  if (!e.target.empty()) std::printf("target:   %s\n", e.target.c_str());
   if (e.timing) {
     const auto& t = *e.timing;
     std::printf("time:     median %s (mean %s, min %s, max %s, sd %s, %d runs)\n", Ms(t.median_ms).c_str(),

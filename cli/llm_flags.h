@@ -28,4 +28,8 @@ void AddLlmOptions(CLI::App* sub, LlmFlags* flags, bool require_model);
 // The client the flags describe (routed per role when --role-model was given).
 StatusOr<std::unique_ptr<LlmClient>> MakeLlmClientFromFlags(const LlmFlags& flags);
 
+// Sends one small request (`llm check`, `doctor`): a one-line summary of the
+// answer, or the error with what to try next.
+StatusOr<std::string> CheckModel(const LlmFlags& flags);
+
 }  // namespace ks::cli

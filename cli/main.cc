@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   RegisterReportCommand(app);
   RegisterRemoteCommands(app);
   RegisterGpuWorkerCommand(app);
+  RegisterDoctorCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

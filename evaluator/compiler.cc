@@ -12,7 +12,7 @@
 
 #include "common/base64.h"
 #include "common/subprocess.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 #include "evaluator/sandbox.h"
 
 namespace ks {
@@ -319,6 +319,23 @@ void CompileServerPool::Release(const std::string& worker, ChildProcess process)
   if (idle_.size() < kMaxIdle && process.running()) idle_.push_back({worker, std::move(process)});
 }
 
+std::string ArchSpecificTarget(const std::string& arch) {
+  static const std::regex kPlain(R"(^sm_(\d+)(\d)$)");  // the major, then the one-digit minor
+  std::smatch m;
+  if (!std::regex_match(arch, m, kPlain)) return arch;
+  // 9.0 is the first architecture with arch-specific features; NVRTC 13 has a
+  // target for every one from there (sm_90a, sm_100a, sm_103a, sm_110a, sm_120a, sm_121a).
+  return std::stoi(m[1]) >= 9 ? arch + "a" : arch;
+}
+
+bool IsArchSpecific(const std::string& target) {
+  return target.size() > 3 && target.back() == 'a' && target.compare(0, 3, "sm_") == 0;
+}
+
+std::string TargetArch(const std::string& target) {
+  return IsArchSpecific(target) ? target.substr(0, target.size() - 1) : target;
+}
+
 StatusOr<CompileResult> CompileCandidate(const std::string& source, const CompileOptions& opts) {
   CompileResult res;
   if (source.size() > opts.max_source_bytes) {
@@ -333,9 +350,9 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
     return res;
   }
   static const std::regex kArch(R"(^sm_\d{2,3}a?$)");
-  if (!std::regex_match(opts.arch, kArch)) return InvalidArgument("bad --arch '" + opts.arch + "' (expected e.g. sm_90)");
+  if (!std::regex_match(opts.arch, kArch)) return InvalidArgument("bad --arch '" + opts.arch + "' (expected e.g. sm_90 or sm_90a)");
   KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts.worker_path));
-  nlohmann::json request{{"source", source}, {"arch", opts.arch}, {"cuda_home", home}};
+  nlohmann::json request = wire::ToJson(wire::CompileRequest{source, opts.arch, home});
   auto t0 = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(ChildProcess server, CompileServerPool::Get().Acquire(worker));
   Status sent = SendMessage(server.stdin_fd(), request);
@@ -352,15 +369,15 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
     return res;
   }
   CompileServerPool::Get().Release(worker, std::move(server));
-  const nlohmann::json& j = *reply;
-  if (!j.is_object()) return Internal("ks-worker compile-server returned unreadable output");
-  res.log = j.value("log", "");
-  if (!j.value("ok", false)) {
-    res.message = j.value("message", "compile error");
+  auto compiled = wire::FromJson<wire::CompileReply>(*reply);
+  if (!compiled.ok()) return Internal("ks-worker compile-server returned unreadable output: " + compiled.status().message());
+  res.log = compiled->log;
+  if (!compiled->ok) {
+    res.message = compiled->message.empty() ? "compile error" : compiled->message;
     return res;
   }
-  KS_ASSIGN_OR_RETURN(res.cubin, Base64Decode(j.value("cubin_b64", "")));
-  res.ptx = j.value("ptx", "");
+  res.cubin = std::move(compiled->cubin);
+  res.ptx = std::move(compiled->ptx);
   KS_ASSIGN_OR_RETURN(res.kernels, ParsePtxEntries(res.ptx));
   res.globals = ParsePtxGlobals(res.ptx);
   ParsePtxasResources(res.log, &res.kernels);

@@ -14,12 +14,24 @@
 
 #include "common/status.h"
 #include "common/subprocess.h"
-#include "evaluator/kernel_info.h"
+#include "evaluator/plan/kernel_info.h"
 
 namespace ks {
 
+// The target a candidate is compiled for on a GPU of architecture `arch`
+// (sm_XY): the arch-specific one (sm_90a, sm_100a, ...) from 9.0 on, since only
+// it has wgmma, setmaxnreg and the tcgen05 family, which every fast Hopper and
+// Blackwell matrix kernel uses. Its cubin loads only on that exact family (an
+// sm_90a cubin runs on 9.0 and on nothing newer), which is why export refuses
+// another GPU. An arch-specific target, or an older arch, comes back unchanged.
+std::string ArchSpecificTarget(const std::string& arch);
+// Whether `target` names an arch-specific target (sm_90a).
+bool IsArchSpecific(const std::string& target);
+// The GPU architecture a target runs on: "sm_90a" -> "sm_90".
+std::string TargetArch(const std::string& target);
+
 struct CompileOptions {
-  std::string arch = "sm_90";      // sm_XY or sm_XYa
+  std::string arch = "sm_90a";     // the NVRTC target: sm_XY, or sm_XYa (ArchSpecificTarget)
   double timeout_s = 60;           // wall clock for the whole compile
   size_t max_source_bytes = 1u << 20;
   std::string worker_path;         // ks-worker; "" = next to this executable or the build tree

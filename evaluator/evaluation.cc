@@ -53,7 +53,8 @@ TimingStats TimingFromJson(const json& j) {
 
 json EvaluationToJson(const Evaluation& e) {
   json j{{"status", EvalStatusName(e.status)}, {"message", e.message},  {"compile_log", e.compile_log},
-         {"worker_log", e.worker_log},         {"device", e.device},    {"compile_s", e.compile_s},
+         {"worker_log", e.worker_log},         {"device", e.device},    {"target", e.target},
+         {"compile_s", e.compile_s},
          {"eval_s", e.eval_s}};
   j["resources"] = json::array();
   for (const auto& r : e.resources)
@@ -110,6 +111,7 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
   e.compile_log = j.value("compile_log", "");
   e.worker_log = j.value("worker_log", "");
   e.device = j.value("device", "");
+  e.target = j.value("target", "");
   e.compile_s = j.value("compile_s", 0.0);
   e.eval_s = j.value("eval_s", 0.0);
   for (const auto& r : j.value("resources", json::array()))

@@ -129,6 +129,9 @@ struct Evaluation {
   // where not asked for. Its note says why when none could be read.
   std::optional<CounterReport> counters;
   std::string device;
+  // The NVRTC target the kernels were compiled for (sm_90a on an H100: the
+  // arch-specific one, compiler.h ArchSpecificTarget); "" in older records.
+  std::string target;
   double compile_s = 0;
   double eval_s = 0;
   // Where eval_s went, in order (GPU evaluations): "load", "correctness",

@@ -19,10 +19,10 @@
 #include "common/base64.h"
 #include "common/files.h"
 #include "common/unique_fd.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "evaluator/roofline.h"
 #include "evaluator/sandbox.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 
 #include "evaluator/gpu_evaluator_internal.h"
 
@@ -41,7 +41,7 @@ GpuEvaluator::GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& 
 
 GpuEvaluator::~GpuEvaluator() {
   if (worker_.running()) {
-    (void)SendMessage(worker_.stdin_fd(), {{"cmd", "quit"}});
+    (void)SendMessage(worker_.stdin_fd(), wire::ToJson(wire::QuitRequest{}));
     (void)ReceiveMessage(worker_.stdout_fd(), 2);
     worker_.Kill();
   }
@@ -98,7 +98,10 @@ Status GpuEvaluator::Setup() {
   KS_ASSIGN_OR_RETURN(d_, CudaDriver::Get());
   KS_ASSIGN_OR_RETURN(ctx_, PrimaryContext::Open(opts_.device));
   KS_ASSIGN_OR_RETURN(info_, QueryDevice(ctx_.device()));
-  arch_ = info_.Arch();
+  // Candidates compile for the arch-specific target (sm_90a), so that wgmma,
+  // setmaxnreg and the other Hopper-only instructions assemble instead of
+  // being silently skipped behind a __CUDA_ARCH_FEAT_SM90_ALL guard.
+  arch_ = opts_.target.empty() ? ArchSpecificTarget(info_.Arch()) : opts_.target;
   {
     CompileOptions co;
     co.arch = arch_;
@@ -214,53 +217,75 @@ Status GpuEvaluator::MeasureBandwidth() {
 }
 
 
-// The load request: tensor arguments become arena offsets, one per input set.
-json GpuEvaluator::LoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {
-  json launches = json::array();
-  for (const auto& l : plan.launches) {
-    json args = json::array();
-    for (const auto& a : l.args) {
-      switch (a.kind) {
-        case ArgValue::Kind::kTensor: {
-          std::vector<uint64_t> offs;
-          for (size_t s = 0; s < set_inputs_.size(); ++s) {
-            uint64_t off = 0;
-            for (const auto& slot : set_inputs_[s]) if (slot.name == a.name) off = slot.offset;
-            for (const auto& slot : params_) if (slot.name == a.name) off = slot.offset;
-            for (const auto& o : outputs_) if (o.spec->name == a.name) off = o.offset;
-            offs.push_back(off);
-          }
-          args.push_back({{"k", "tensor"}, {"offsets", offs}});
-          break;
-        }
-        case ArgValue::Kind::kScratch: {
-          int idx = 0;
-          for (size_t i = 0; i < plan.scratch.size(); ++i) if (plan.scratch[i].name == a.name) idx = static_cast<int>(i);
-          args.push_back({{"k", "scratch"}, {"i", idx}});
-          break;
-        }
-        case ArgValue::Kind::kInt32: args.push_back({{"k", "i32"}, {"v", a.i}}); break;
-        case ArgValue::Kind::kInt64: args.push_back({{"k", "i64"}, {"v", a.i}}); break;
-        case ArgValue::Kind::kFloat32: args.push_back({{"k", "f32"}, {"v", a.f}}); break;
-        case ArgValue::Kind::kFloat64: args.push_back({{"k", "f64"}, {"v", a.f}}); break;
-      }
-    }
-    json lj{{"kernel", l.kernel}, {"grid", l.grid}, {"block", l.block}, {"shared", l.shared_bytes}, {"args", args}};
-    if (l.cluster) lj["cluster"] = *l.cluster;
-    launches.push_back(lj);
+std::vector<uint64_t> GpuEvaluator::ArenaOffsets(const std::string& name) const {
+  std::vector<uint64_t> offs;
+  for (size_t s = 0; s < set_inputs_.size(); ++s) {
+    uint64_t off = 0;
+    for (const auto& slot : set_inputs_[s]) if (slot.name == name) off = slot.offset;
+    for (const auto& slot : params_) if (slot.name == name) off = slot.offset;
+    for (const auto& o : outputs_) if (o.spec->name == name) off = o.offset;
+    offs.push_back(off);
   }
-  json scratch = json::array();
-  for (const auto& s : plan.scratch) scratch.push_back(s.bytes);
-  json globals = json::array();
-  for (const auto& g : compiled.globals) globals.push_back({{"name", g.name}, {"size", g.size}});
-  return json{{"cmd", "load"}, {"cubin", Base64Encode(compiled.cubin)}, {"launches", launches}, {"scratch", scratch},
-            {"globals", globals}};
+  return offs;
+}
+
+wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {
+  auto index_of = [](const auto& list, const std::string& name) {
+    int found = -1;
+    for (size_t i = 0; i < list.size() && found < 0; ++i)
+      if (list[i].name == name) found = static_cast<int>(i);
+    KS_CHECK(found >= 0);  // ResolvePlan resolved every name against these lists
+    return found;
+  };
+  wire::LoadRequest req;
+  req.cubin = compiled.cubin;
+  for (const auto& l : plan.launches) {
+    wire::Launch w;
+    w.kernel = l.kernel;
+    for (int d = 0; d < 3; ++d) {
+      w.shape.grid[d] = static_cast<uint32_t>(l.grid[d]);
+      w.shape.block[d] = static_cast<uint32_t>(l.block[d]);
+    }
+    w.shape.shared_bytes = static_cast<uint32_t>(l.shared_bytes);
+    if (l.cluster)
+      w.shape.cluster = std::array<uint32_t, 3>{static_cast<uint32_t>((*l.cluster)[0]),
+                                                static_cast<uint32_t>((*l.cluster)[1]),
+                                                static_cast<uint32_t>((*l.cluster)[2])};
+    for (const auto& a : l.args) {
+      wire::Arg arg;
+      switch (a.kind) {
+        case ArgValue::Kind::kTensor: arg.kind = wire::Arg::Kind::kTensor; arg.offsets = ArenaOffsets(a.name); break;
+        case ArgValue::Kind::kScratch: arg.kind = wire::Arg::Kind::kScratch; arg.index = index_of(plan.scratch, a.name); break;
+        case ArgValue::Kind::kTensorMap:
+          arg.kind = wire::Arg::Kind::kTensorMap;
+          arg.index = index_of(plan.tensor_maps, a.name);
+          break;
+        case ArgValue::Kind::kInt32: arg.kind = wire::Arg::Kind::kI32; arg.i = a.i; break;
+        case ArgValue::Kind::kInt64: arg.kind = wire::Arg::Kind::kI64; arg.i = a.i; break;
+        case ArgValue::Kind::kFloat32: arg.kind = wire::Arg::Kind::kF32; arg.f = a.f; break;
+        case ArgValue::Kind::kFloat64: arg.kind = wire::Arg::Kind::kF64; arg.f = a.f; break;
+      }
+      w.args.push_back(std::move(arg));
+    }
+    req.launches.push_back(std::move(w));
+  }
+  for (const auto& s : plan.scratch) req.scratch_bytes.push_back(static_cast<uint64_t>(s.bytes));
+  for (const auto& m : plan.tensor_maps) {
+    wire::TensorMap t;
+    t.spec = m;
+    if (m.scratch) t.scratch = index_of(plan.scratch, m.tensor);
+    else t.offsets = ArenaOffsets(m.tensor);
+    req.tensor_maps.push_back(std::move(t));
+  }
+  for (const auto& g : compiled.globals) req.globals.push_back({g.name, g.size});
+  return req;
 }
 
 Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled) {
   auto t0 = Clock::now();
   Evaluation e;
   e.device = info_.name;
+  e.target = arch_;
   auto phase_mark = t0;
   auto phase = [&](const char* name) {
     auto now = Clock::now();
@@ -287,8 +312,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     if (Status s = StartWorker(); !s.ok()) return finish(EvalStatus::kRuntimeError, "evaluator: " + s.message());
     phase("worker_start");
   }
-  json load = LoadRequest(*plan, compiled);
-  if (Status s = SendMessage(worker_.stdin_fd(), load); !s.ok()) {
+  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(BuildLoadRequest(*plan, compiled))); !s.ok()) {
     StopWorker("send failed");
     return finish(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
   }
@@ -297,11 +321,18 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     StopWorker("load failed");
     return finish(EvalStatus::kLaunchError, "loading the module: " + reply.status().message());
   }
-  if (!(*reply).value("ok", false)) {
-    if ((*reply).value("fatal", false)) StopWorker("fatal");
-    return finish(EvalStatus::kLaunchError, (*reply).value("message", "load failed"));
+  if (auto err = wire::ErrorOf(*reply)) {
+    if (err->fatal) StopWorker("fatal");
+    // A tensor map the driver refuses is the plan's fault, like any other bad map.
+    return finish(err->status == "invalid_plan" ? EvalStatus::kInvalidPlan : EvalStatus::kLaunchError,
+                  err->message.empty() ? "load failed" : err->message);
   }
-  const json occupancy = (*reply).value("occupancy", json::array());
+  auto loaded = wire::FromJson<wire::LoadReply>(*reply);
+  if (!loaded.ok()) {
+    StopWorker("unreadable load reply");
+    return finish(EvalStatus::kRuntimeError, "evaluator: " + loaded.status().message());
+  }
+  const std::vector<wire::Occupancy> occupancy = loaded->occupancy;
   phase("load");
 
   const int sets = static_cast<int>(ref_.sets.size());
@@ -320,7 +351,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   };
   auto unload = [&] {
     if (worker_ready_) {
-      (void)SendMessage(worker_.stdin_fd(), {{"cmd", "unload"}});
+      (void)SendMessage(worker_.stdin_fd(), wire::ToJson(wire::UnloadRequest{}));
       if (!ReceiveMessage(worker_.stdout_fd(), 30).ok()) StopWorker("unload failed");
     }
   };
@@ -476,7 +507,8 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   return finish(EvalStatus::kCorrect, "");
 }
 
-StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const ResolvedPlan& plan, const json& occupancy,
+StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const ResolvedPlan& plan,
+                                                                   const std::vector<wire::Occupancy>& occupancy,
                                                                    const Roofline& plan_roofline, int first_run,
                                                                    RunResult* failed) {
   // Few runs: the events inside the plan cost a few microseconds each, and
@@ -512,25 +544,30 @@ StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const Resolve
     std::set<std::string> seen;
     double b = 0;
     for (const ArgValue& a : pl.args) {
-      if (!seen.insert(a.name).second) continue;
-      if (a.kind == ArgValue::Kind::kTensor) {
-        if (const TensorSpec* t = ref_.signature.Find(a.name)) b += static_cast<double>(t->bytes());
-      } else if (a.kind == ArgValue::Kind::kScratch) {
+      std::string name = a.name;
+      if (a.kind == ArgValue::Kind::kTensorMap)  // counts as the tensor it walks
+        for (const auto& m : plan.tensor_maps)
+          if (m.name == a.name) name = m.tensor;
+      if (!seen.insert(name).second) continue;
+      if (a.kind == ArgValue::Kind::kTensor || a.kind == ArgValue::Kind::kTensorMap) {
+        if (const TensorSpec* t = ref_.signature.Find(name)) b += static_cast<double>(t->bytes());
+      }
+      if (a.kind == ArgValue::Kind::kScratch || a.kind == ArgValue::Kind::kTensorMap) {
         for (const auto& s : plan.scratch)
-          if (s.name == a.name) b += static_cast<double>(s.bytes);
+          if (s.name == name) b += static_cast<double>(s.bytes);
       }
     }
     bytes.push_back(b);
     std::optional<Occupancy> o;
-    if (occupancy.is_array() && l < occupancy.size() && occupancy[l].value("blocks_per_sm", -1) >= 0) {
-      const json& j = occupancy[l];
+    if (l < occupancy.size() && occupancy[l].blocks_per_sm >= 0) {
+      const wire::Occupancy& j = occupancy[l];
       Occupancy v;
-      v.blocks_per_sm = j.value("blocks_per_sm", 0);
-      v.threads_per_block = j.value("threads", 0);
-      v.registers = std::max(0, j.value("registers", 0));
-      v.shared_bytes = std::max(0, j.value("static_shared", 0)) + j.value("dynamic_shared", int64_t{0});
-      v.cluster_size = j.value("cluster_size", 0);
-      v.max_active_clusters = j.value("max_active_clusters", -1);
+      v.blocks_per_sm = j.blocks_per_sm;
+      v.threads_per_block = j.threads;
+      v.registers = std::max(0, j.registers);
+      v.shared_bytes = std::max(0, j.static_shared) + j.dynamic_shared;
+      v.cluster_size = j.cluster_size;
+      v.max_active_clusters = j.max_active_clusters;
       ExplainOccupancy(sm, &v);
       o = v;
     }

@@ -37,6 +37,10 @@
 //    (compiler.cc), and the worker's heap limit set to the minimum;
 //  - the L2 flush buffer: the worker's own allocation, rewritten before each run;
 //  - device printf FIFO: capped, and only a log, never an answer;
+//  - TMA tensor maps (the plan's "tensor_maps"): built by the worker from the
+//    plan, one per input set, and checked first to walk only inside the
+//    tensor or scratch buffer they name (plan/tensor_map.h), so a TMA store
+//    reaches only what an ordinary store through that pointer could;
 //  - the profiled run (hardware counters, gpu_evaluator_counters.cc): a second
 //    worker under ncu, its run prepared and verified as every run is; it
 //    decides nothing about the candidate (stops a kernel that detects the
@@ -68,7 +72,8 @@
 #include "evaluator/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
+#include "evaluator/plan/worker_protocol.h"
 #include "evaluator/launch_profile.h"
 #include "evaluator/problem.h"
 
@@ -112,6 +117,7 @@ struct GpuEvaluatorOptions {
   bool measure_peaks = true;        // for a problem with FLOPS: measure (once per GPU, cached) the
                                     // matmul peak of its compute class (MeasureDevicePeaks)
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
+  std::string target;               // NVRTC target; "" = the device's arch-specific one (sm_90a on 9.0)
 };
 
 // Compile threads for each of `gpus` evaluators of one host: the CPU cores but
@@ -187,8 +193,6 @@ class GpuEvaluator : public CandidateEvaluator {
   // Starts a sandboxed worker (`prefix` before it on the command line: ncu)
   // with its stderr in log_path, and initializes it.
   StatusOr<ChildProcess> LaunchWorker(const std::vector<std::string>& prefix, const std::string& log_path);
-  // The worker's load request for a resolved plan of a compiled candidate.
-  nlohmann::json LoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
   // One candidate's counters run (gpu_evaluator_counters.cc).
   CounterReport CountersOf(const Candidate& candidate, const std::string& ncu);
   void StopWorker(const std::string& why);
@@ -205,11 +209,16 @@ class GpuEvaluator : public CandidateEvaluator {
   // A worker's reply to a run: true when it ran; otherwise r says why (a
   // timeout or a dead worker stops the worker).
   bool ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r);
-  // A reply naming __device__ variables that changed makes r incorrect.
-  void NoteStateChanged(const nlohmann::json& reply, RunResult& r);
+  // __device__ variables that changed (a worker's reply names them) make r incorrect.
+  void NoteStateChanged(const std::vector<std::string>& changed, RunResult& r);
+  // Arena offsets of a tensor of the signature, one per input set.
+  std::vector<uint64_t> ArenaOffsets(const std::string& name) const;
+  // The worker's load request for a resolved plan (plan/worker_protocol.h).
+  wire::LoadRequest BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
   // The per-launch figures (evaluator/launch_profile.h) from a few split runs
   // after the timed ones; a run that fails here fails the candidate as any run does.
-  StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan, const nlohmann::json& occupancy,
+  StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan,
+                                                       const std::vector<wire::Occupancy>& occupancy,
                                                        const Roofline& plan_roofline, int first_run,
                                                        RunResult* failed);
   double RunTimeout() const;

@@ -16,7 +16,7 @@
 
 #include "common/files.h"
 #include "evaluator/gpu_evaluator.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 
 namespace ks {
 
@@ -141,10 +141,11 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
     rep.note = "not profiled: loading it under ncu: " + why;
     return rep;
   };
-  if (Status s = SendMessage(profiled->stdin_fd(), LoadRequest(*plan, *compiled)); !s.ok()) return load_failed(s.message());
+  if (Status s = SendMessage(profiled->stdin_fd(), wire::ToJson(BuildLoadRequest(*plan, *compiled))); !s.ok())
+    return load_failed(s.message());
   auto reply = ReceiveMessage(profiled->stdout_fd(), 120);
   if (!reply.ok()) return load_failed(reply.status().message());
-  if (!(*reply).value("ok", false)) return load_failed((*reply).value("message", "load failed"));
+  if (auto err = wire::ErrorOf(*reply)) return load_failed(err->message.empty() ? "load failed" : err->message);
 
   // The profiled run: the ordinary worker (idle, its module loaded) stands
   // aside while RunOnce prepares, runs and verifies input set 0 in the other.

@@ -18,9 +18,9 @@
 #include "common/base64.h"
 #include "common/files.h"
 #include "common/unique_fd.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "evaluator/sandbox.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 
 #include "evaluator/gpu_evaluator_internal.h"
 
@@ -63,32 +63,32 @@ StatusOr<ChildProcess> GpuEvaluator::LaunchWorker(const std::vector<std::string>
   std::map<std::string, std::string> env;
   if (!prefix.empty()) env["HOME"] = "/tmp";
   KS_ASSIGN_OR_RETURN(ChildProcess w, ChildProcess::Start(argv, env, log_path, [limits] { return ApplySandbox(limits); }));
-  json outs = json::array();
+  wire::InitRequest init;
   for (const auto& o : outputs_) {
-    PoisonPattern p;
+    wire::OutputRegion region{o.offset, o.bytes, {}};
     uint64_t bits;
-    PoisonFor(o.spec->dtype, &p, &bits);
-    outs.push_back({{"offset", o.offset}, {"bytes", o.bytes}, {"width", p.width}, {"pattern", p.pattern}});
+    PoisonFor(o.spec->dtype, &region.poison, &bits);
+    init.outputs.push_back(region);
   }
-  json init{{"cmd", "init"},
-            {"ipc", Base64Encode(ipc_handle_)},
-            {"device", opts_.device},
-            {"l2_flush_bytes", std::max<int64_t>(2 * info_.l2_bytes, 64 << 20)},
-            {"pad_cubin", Base64Encode(helpers_cubin_)},
-            {"pad_ns", kTimingPadNs},
-            {"scrub_shared_bytes", info_.shared_per_block_optin},
-            {"sms", info_.multiprocessors},
-            {"printf_fifo_bytes", 1 << 20},
-            {"outputs", outs}};
-  KS_RETURN_IF_ERROR(SendMessage(w.stdin_fd(), init));
+  init.ipc_handle = ipc_handle_;
+  init.device = opts_.device;
+  init.l2_flush_bytes = static_cast<uint64_t>(std::max<int64_t>(2 * info_.l2_bytes, 64 << 20));
+  init.helper_cubin = helpers_cubin_;
+  init.pad_ns = kTimingPadNs;
+  init.scrub_shared_bytes = static_cast<uint32_t>(info_.shared_per_block_optin);
+  init.sms = static_cast<uint32_t>(info_.multiprocessors);
+  init.printf_fifo_bytes = 1 << 20;
+  KS_RETURN_IF_ERROR(SendMessage(w.stdin_fd(), wire::ToJson(init)));
   auto reply = ReceiveMessage(w.stdout_fd(), 120);
-  if (!reply.ok() || !(*reply).value("ok", false)) {
-    std::string why = reply.ok() ? (*reply).value("message", "") : reply.status().message();
+  std::optional<wire::ErrorReply> refused = reply.ok() ? wire::ErrorOf(*reply) : std::nullopt;
+  auto started = reply.ok() && !refused ? wire::FromJson<wire::InitReply>(*reply) : StatusOr<wire::InitReply>(Internal(""));
+  if (!reply.ok() || refused || !started.ok()) {
+    std::string why = !reply.ok() ? reply.status().message() : refused ? refused->message : started.status().message();
     w.Kill();
     std::string log = log_path == worker_log_path_ ? TakeWorkerLog() : "";
     return FailedPrecondition("the GPU worker did not start: " + why + (log.empty() ? "" : "\n" + log));
   }
-  if (prefix.empty()) worker_heap_bytes_ = (*reply).value("heap_bytes", uint64_t{0});
+  if (prefix.empty()) worker_heap_bytes_ = started->heap_bytes;
   return w;
 }
 
@@ -134,18 +134,20 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
     r.message = std::move(msg);
     return r;
   };
-  if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "run"}, {"set", set}, {"split", split}}); !s.ok()) {
+  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::RunRequest{static_cast<uint64_t>(set), split}));
+      !s.ok()) {
     StopWorker("send failed");
     return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
   }
   double limit = RunTimeout();
   auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
   if (!ReplyOk(reply, limit, r)) return r;
-  const json& j = *reply;
-  r.ms = j.value("ms", 0.0);
-  r.ms_device = j.value("ms_device", r.ms);
-  if (split) r.launch_ms = j.value("launch_ms", std::vector<double>{});
-  NoteStateChanged(j, r);
+  auto ran = wire::FromJson<wire::RunReply>(*reply);
+  if (!ran.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + ran.status().message());
+  r.ms = ran->ms;
+  r.ms_device = ran->ms_device;
+  if (split) r.launch_ms = ran->launch_ms;
+  NoteStateChanged(ran->state_changed, r);
   CheckRun(set, r);
   return r;
 }
@@ -153,8 +155,8 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
 GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double estimate_ms) {
   RunResult r;
   const int sets = static_cast<int>(ref_.sets.size());
-  if (Status s = SendMessage(worker_.stdin_fd(), {{"cmd", "warm"}, {"runs", runs}, {"sets", sets},
-                                                  {"first_set", first_set}});
+  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, static_cast<uint64_t>(sets),
+                                                                                 static_cast<uint64_t>(first_set)}));
       !s.ok()) {
     StopWorker("send failed");
     r.status = EvalStatus::kRuntimeError;
@@ -165,7 +167,13 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double est
   double limit = RunTimeout() + 10 * runs * estimate_ms * 1e-3;
   auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
   if (!ReplyOk(reply, limit, r)) return r;
-  NoteStateChanged(*reply, r);
+  auto warmed = wire::FromJson<wire::WarmReply>(*reply);
+  if (!warmed.ok()) {
+    r.status = EvalStatus::kRuntimeError;
+    r.message = "evaluator: " + warmed.status().message();
+    return r;
+  }
+  NoteStateChanged(warmed->state_changed, r);
   // The last run's outputs, inputs and guards, as after any run ...
   CheckRun((first_set + runs - 1) % sets, r);
   if (r.status != EvalStatus::kCorrect) return r;
@@ -204,23 +212,21 @@ bool GpuEvaluator::ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, 
     ++worker_restarts_;
     return fail(EvalStatus::kRuntimeError, "the worker died during the run (" + how + ")");
   }
-  const json& j = *reply;
-  if (!j.value("ok", false)) {
-    if (j.value("fatal", false)) {
+  if (auto err = wire::ErrorOf(*reply)) {
+    if (err->fatal) {
       worker_.Kill();
       worker_ready_ = false;
       ++worker_restarts_;
     }
-    std::string st = j.value("status", "runtime_error");
-    return fail(st == "launch_error" ? EvalStatus::kLaunchError : EvalStatus::kRuntimeError, j.value("message", ""));
+    return fail(err->status == "launch_error" ? EvalStatus::kLaunchError : EvalStatus::kRuntimeError, err->message);
   }
   return true;
 }
 
-void GpuEvaluator::NoteStateChanged(const nlohmann::json& j, RunResult& r) {
-  if (j.contains("state_changed") && !j["state_changed"].empty()) {
+void GpuEvaluator::NoteStateChanged(const std::vector<std::string>& changed, RunResult& r) {
+  if (!changed.empty()) {
     std::string names;
-    for (const auto& n : j["state_changed"]) names += (names.empty() ? "" : ", ") + n.get<std::string>();
+    for (const auto& n : changed) names += (names.empty() ? "" : ", ") + n;
     r.status = EvalStatus::kIncorrect;
     r.message = "the kernel keeps state across runs in __device__ variable(s) " + names +
                 " (each run of the plan must be independent: no cached results, no call counters)";

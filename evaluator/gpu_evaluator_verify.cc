@@ -19,9 +19,9 @@
 #include "common/base64.h"
 #include "common/files.h"
 #include "common/unique_fd.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "evaluator/sandbox.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 
 #include "evaluator/gpu_evaluator_internal.h"
 

@@ -442,6 +442,9 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   if (j.contains("notes") && j["notes"].is_array())
     for (const auto& n : j["notes"])
       if (n.is_string()) d.notes.push_back(n.get<std::string>());
+  if (j.contains("degenerate") && j["degenerate"].is_array())
+    for (const auto& w : j["degenerate"])
+      if (w.is_string()) d.degenerate.push_back(w.get<std::string>());
   if (j.contains("phases") && j["phases"].is_array())
     for (const auto& ph : j["phases"])
       if (ph.is_array() && ph.size() == 2 && ph[0].is_string() && ph[1].is_number())

@@ -147,6 +147,10 @@ struct ReferenceData {
   std::optional<TimingStats> eager;      // only when timed on CUDA
   std::optional<TimingStats> compiled;   // also absent when torch.compile failed
   std::vector<std::string> warnings;     // degenerate outputs, timing problems
+  // The warnings that say the reference cannot tell a right kernel from a wrong
+  // one (outputs all zero, constant, independent of the inputs, NaN): a search
+  // stops on them unless told otherwise (search/search_setup.h).
+  std::vector<std::string> degenerate;
   // What is not a warning but a user may want to know (--verbose): outputs the
   // element-wise tolerance barely tests, why PyTorch's float32 rounding was not
   // measured (the float64 run skipped or failed; Signature::reference_error).

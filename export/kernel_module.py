@@ -15,6 +15,12 @@ shapes of each call's tensors and every argument is passed as the kernel's
 parameter takes it, by the evaluator's rules (ks_launch_plan.py). The kernel was
 verified at the problem's shapes (SIGNATURE); at other shapes it runs when its
 plan allows, unverified. No autograd: use it for inference.
+
+The kernel was compiled for @@TARGET@@. An arch-specific target (sm_90a:
+Hopper's wgmma, setmaxnreg) runs only on that architecture, so on any other
+GPU this module refuses to run rather than compile something else. TMA tensor
+maps in the plan are built on each call with the driver's
+cuTensorMapEncodeTiled from the call's own tensors, as the evaluator built them.
 """
 import ctypes
 import ctypes.util
@@ -52,6 +58,8 @@ NVRTC_OPTIONS = json.loads("@@NVRTC_OPTIONS@@")
 PRELUDE_NAME = "@@PRELUDE_NAME@@"
 PRELUDE = "@@PRELUDE@@"
 EXPORT_CUDA_HOME = "@@CUDA_HOME@@"
+# The NVRTC target the evaluation compiled for ("sm_90a", or "sm_90" and older).
+TARGET = "@@TARGET@@"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
@@ -140,6 +148,45 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("attrs", _P(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
 
 
+class _TensorMap(ctypes.Structure):  # CUtensorMap: 128 opaque bytes
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+class _TensorMapParam:
+    """A CUtensorMap in a 64-byte aligned buffer: the driver copies a kernel's
+    by-value parameter from the address it is given, and TMA descriptors must
+    be 64-byte aligned where they are encoded."""
+
+    def __init__(self):
+        self._buf = ctypes.create_string_buffer(128 + 64)
+        off = (-ctypes.addressof(self._buf)) % 64
+        self.map = _TensorMap.from_buffer(self._buf, off)
+
+    def address(self):
+        return ctypes.addressof(self.map)
+
+
+def _encode_tensor_map(m, pointer):
+    """The plan's map `m` (the evaluator's resolved form) over memory at `pointer`."""
+    cu = _cuda()
+    if not hasattr(cu, "cuTensorMapEncodeTiled"):
+        raise RuntimeError("this CUDA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12 and a Hopper GPU)")
+    align = 32 if m["interleave"] == 2 else 16
+    if pointer % align:
+        raise RuntimeError("tensor map %s: the global address of '%s' is not %d-byte aligned" %
+                           (m["name"], m["tensor"], align))
+    rank = len(m["dims"])
+    param = _TensorMapParam()
+    dims = (ctypes.c_uint64 * rank)(*m["dims"])
+    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*(m["byte_strides"] or [0]))
+    box = (ctypes.c_uint32 * rank)(*m["box"])
+    estr = (ctypes.c_uint32 * rank)(*m["element_strides"])
+    _check(cu.cuTensorMapEncodeTiled(ctypes.byref(param.map), m["dtype"], rank, ctypes.c_void_p(pointer), dims,
+                                     strides, box, estr, m["interleave"], m["swizzle"], m["l2_promotion"],
+                                     m["oob_fill"]), "cuTensorMapEncodeTiled " + m["name"])
+    return param
+
+
 def _cuda():
     global _cuda_lib
     if _cuda_lib is None:
@@ -159,6 +206,10 @@ def _cuda():
         _bind(lib, "cuLaunchKernel", i, [v, u, u, u, u, u, u, u, v, _P(v), _P(v)])
         if hasattr(lib, "cuLaunchKernelEx"):
             _bind(lib, "cuLaunchKernelEx", i, [_P(_LaunchConfig), v, _P(v), _P(v)])
+        if hasattr(lib, "cuTensorMapEncodeTiled"):
+            u64p, u32p = _P(ctypes.c_uint64), _P(ctypes.c_uint32)
+            _bind(lib, "cuTensorMapEncodeTiled", i,
+                  [_P(_TensorMap), i, u, v, u64p, u64p, u32p, u32p, i, i, i, i])
         _cuda_lib = lib
     return _cuda_lib
 
@@ -170,11 +221,27 @@ def _check(rc, what):
         raise RuntimeError("%s failed: %s" % (what, name.value.decode() if name.value else rc))
 
 
+def target_for(major, minor, target=None):
+    """The NVRTC target for a GPU of compute capability major.minor: the
+    exported one when it is arch-specific (refusing any other architecture),
+    else the GPU's own."""
+    target = TARGET if target is None else target
+    arch = "sm_%d%d" % (major, minor)
+    if target.endswith("a"):
+        if target[:-1] != arch:
+            raise RuntimeError(
+                "this kernel was compiled for %s, an arch-specific target whose instructions (wgmma, setmaxnreg, "
+                "...) exist only on that architecture; this GPU is %s (compute capability %d.%d). Export it again "
+                "from an evaluation on this GPU." % (target, arch, major, minor))
+        return target
+    return arch
+
+
 def _compile(device_index):
     """CUBIN for this device, compiled as the evaluator compiles."""
     major, minor = torch.cuda.get_device_capability(device_index)
     home = _cuda_home()
-    opts = ["-arch=sm_%d%d" % (major, minor)] + NVRTC_OPTIONS + ["-I" + d for d in _include_dirs(home)]
+    opts = ["-arch=" + target_for(major, minor)] + NVRTC_OPTIONS + ["-I" + d for d in _include_dirs(home)]
     nv = _nvrtc(home)
     prog = ctypes.c_void_p()
     headers = (ctypes.c_char_p * 1)(PRELUDE.encode())
@@ -238,7 +305,7 @@ def _loaded(device_index):
     return entry
 
 
-def _launch(entry, launch, pointers, stream):
+def _launch(entry, launch, pointers, stream, maps=None):
     cu = _cuda()
     fn = entry.functions[launch["kernel"]]
     shared = launch["shared"]
@@ -252,6 +319,8 @@ def _launch(entry, launch, pointers, stream):
         kind = a["kind"]
         if kind in ("tensor", "scratch"):
             values.append(ctypes.c_uint64(pointers[a["name"]].data_ptr()))
+        elif kind == "tensor_map":
+            values.append(maps[a["name"]].map)
         elif kind == "i32":
             values.append(ctypes.c_int32(a["value"]))
         elif kind == "i64":
@@ -326,13 +395,13 @@ class ModelNew(_problem.Model):
                 same_scalars = same_scalars and value == spec["value"]
                 continue
             t = _tensor_arg(value, spec, device)
-            env.add_tensor(spec["name"], t.shape)
+            env.add_tensor(spec["name"], t.shape, spec["dtype"])
             pointers.setdefault(spec["name"], t)
             same_shapes = same_shapes and list(t.shape) == spec["shape"]
         state = self.state_dict()
         for spec in SIGNATURE["parameters"]:
             t = _tensor_arg(state[spec["name"]], spec, device)
-            env.add_tensor(spec["name"], t.shape)
+            env.add_tensor(spec["name"], t.shape, spec["dtype"])
             pointers.setdefault(spec["name"], t)
             same_shapes = same_shapes and list(t.shape) == spec["shape"]
         shapes = ([spec["shape"] for spec in SIGNATURE["outputs"]] if same_shapes
@@ -340,7 +409,7 @@ class ModelNew(_problem.Model):
         outputs = []
         for spec, shape in zip(SIGNATURE["outputs"], shapes):
             t = torch.empty(shape, dtype=_DTYPES[spec["dtype"]], device=device)
-            env.add_tensor(spec["name"], t.shape)
+            env.add_tensor(spec["name"], t.shape, spec["dtype"])
             pointers.setdefault(spec["name"], t)
             outputs.append(t)
         plan = _plan.resolve_plan(PLAN, KERNELS, env)
@@ -350,9 +419,12 @@ class ModelNew(_problem.Model):
         for s in plan["scratch"]:  # not zeroed, as in the evaluator
             pointers[s["name"]] = torch.empty(s["bytes"], dtype=torch.uint8, device=device)
         entry = _loaded(device.index if device.index is not None else torch.cuda.current_device())
+        # Built after the module loaded (the driver is initialised), over this call's tensors.
+        maps = {m["name"]: _encode_tensor_map(m, pointers[m["tensor"]].data_ptr())
+                for m in plan.get("tensor_maps", [])}
         stream = torch.cuda.current_stream(device).cuda_stream
         for launch in plan["launches"]:
-            _launch(entry, launch, pointers, stream)
+            _launch(entry, launch, pointers, stream, maps)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _output_shapes(self, inputs):

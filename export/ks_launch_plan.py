@@ -1,4 +1,4 @@
-"""Launch plans as kernelsearch's evaluator reads them (evaluator/launch_plan.cc),
+"""Launch plans as kernelsearch's evaluator reads them (evaluator/plan/launch_plan.cc),
 for an exported kernel: integer expressions evaluated against the shapes of one
 call's tensors, and each argument turned into what the kernel's parameter takes.
 
@@ -13,7 +13,11 @@ rules, as in the evaluator:
   ("0.00001"), a JSON number, or an integer expression;
 - an integer goes into a 64-bit parameter as int64, a 32-bit one as int32 (it
   must fit), a float/double parameter as that float; a float only into a
-  float/double parameter.
+  float/double parameter;
+- a tensor map (the plan's "tensor_maps", evaluator/plan/tensor_map.cc) goes
+  into a 128-byte by-value parameter (a CUtensorMap); its dims and strides
+  default to the tensor's, innermost first, and every rule of
+  cuTensorMapEncodeTiled is checked, plus ours: the walk stays inside the tensor.
 """
 
 INT64_MIN = -(1 << 63)
@@ -40,8 +44,8 @@ class Env:
     def __init__(self):
         self._entries = {}
 
-    def add_tensor(self, name, shape):
-        self._entries.setdefault(name, ("tensor", tuple(int(d) for d in shape)))
+    def add_tensor(self, name, shape, dtype="float32"):
+        self._entries.setdefault(name, ("tensor", tuple(int(d) for d in shape), dtype))
 
     def add_scalar(self, name, value, is_float):
         self._entries.setdefault(name, ("scalar", value, bool(is_float)))
@@ -276,8 +280,13 @@ def _want_float(v, kind):
     raise PlanError("a float value for a %s parameter" % kind)
 
 
-def resolve_arg(a, kind, env, scratch):
-    """One argument for a parameter of `kind` ("b64", "b32", "f32", ...)."""
+def resolve_arg(a, kind, env, scratch, maps=()):
+    """One argument for a parameter of `kind` ("b64", "b32", "f32", "bytes128", ...)."""
+    if isinstance(a, str) and a in maps:
+        if kind != "bytes%d" % TENSOR_MAP_BYTES:
+            raise PlanError("tensor map '%s' goes to a `const __grid_constant__ CUtensorMap` parameter (128 bytes, "
+                            "aligned to 64), but the kernel's parameter is %s" % (a, kind))
+        return {"kind": "tensor_map", "name": a}
     if isinstance(a, float):
         return _want_float(a, kind)
     if _is_int(a):
@@ -310,9 +319,7 @@ def resolve_plan(plan, kernels, env):
     if not isinstance(plan, dict):
         raise PlanError('launch plan must be a JSON object with "launches"')
     for key in plan:
-        if key == "tensor_maps":
-            raise PlanError('launch plan: "tensor_maps" (TMA descriptors) is not supported by this evaluator yet')
-        if key not in ("launches", "scratch"):
+        if key not in ("launches", "scratch", "tensor_maps"):
             raise PlanError('launch plan: unknown key "%s"' % key)
     out = {"launches": [], "scratch": []}
     scratch = set()
@@ -339,6 +346,27 @@ def resolve_plan(plan, kernels, env):
         if nbytes > MAX_SCRATCH_BYTES:
             raise PlanError("%s: %d bytes exceeds the scratch limit of %d" % (where, nbytes, MAX_SCRATCH_BYTES))
         out["scratch"].append({"name": name, "bytes": nbytes})
+    maps = []
+    tm = plan.get("tensor_maps", [])
+    if not isinstance(tm, list):
+        raise PlanError("tensor_maps must be a list")
+    scratch_bytes = {s["name"]: s["bytes"] for s in out["scratch"]}
+    for i, e in enumerate(tm):
+        where = "tensor_maps[%d]" % i
+        if isinstance(e, dict) and isinstance(e.get("name"), str):
+            where += " (%s)" % e["name"]
+        try:
+            m = resolve_tensor_map(e, env, scratch_bytes)
+        except PlanError as err:
+            raise PlanError("%s: %s" % (where, err))
+        if env.find(m["name"]) is not None or m["name"] in scratch:
+            raise PlanError(where + ": name collides with a tensor or scratch buffer")
+        if m["name"] in [x["name"] for x in maps]:
+            raise PlanError(where + ": duplicate tensor map name")
+        maps.append(m)
+    map_names = set(m["name"] for m in maps)
+    if maps:
+        out["tensor_maps"] = maps
     launches = plan.get("launches")
     if not isinstance(launches, list) or not launches:
         raise PlanError('launch plan needs a non-empty "launches" list')
@@ -405,7 +433,7 @@ def resolve_plan(plan, kernels, env):
         resolved = []
         for ai, a in enumerate(args):
             try:
-                resolved.append(resolve_arg(a, kinds[ai], env, scratch))
+                resolved.append(resolve_arg(a, kinds[ai], env, scratch, map_names))
             except PlanError as e:
                 raise PlanError("%s: args[%d] %r: %s" % (where, ai, a, e))
         out["launches"].append({"kernel": kernel, "grid": grid, "block": block, "shared": shared,
@@ -421,5 +449,163 @@ def env_from_signature(signature):
             if spec.get("kind") == "scalar":
                 env.add_scalar(spec["name"], spec.get("value", 0), spec.get("dtype") in FLOAT_DTYPES)
             else:
-                env.add_tensor(spec["name"], spec.get("shape", []))
+                env.add_tensor(spec["name"], spec.get("shape", []), spec.get("dtype", "float32"))
     return env
+
+
+# ---- TMA tensor maps (evaluator/plan/tensor_map.cc) ----
+
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_KEYS = ("name", "tensor", "dtype", "dims", "byte_strides", "box", "element_strides", "interleave",
+                   "swizzle", "l2_promotion", "oob_fill")
+# The driver's enum values (CUtensorMapDataType, ...), which the resolved plan carries.
+TMA_DTYPES = {"uint8": 0, "uint16": 1, "uint32": 2, "int32": 3, "uint64": 4, "int64": 5, "float16": 6,
+              "float32": 7, "float64": 8, "bfloat16": 9, "tfloat32": 11}
+_TMA_SIZES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 11: 4}
+_TMA_FLOATS = (6, 7, 8, 9, 11)
+_TENSOR_TMA = {"float32": 7, "float16": 6, "bfloat16": 9, "float64": 8, "int32": 3, "int64": 5, "uint8": 0,
+               "bool": 0}
+_DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8, "int8": 1,
+                "uint8": 1, "bool": 1}
+_INTERLEAVES = {"none": 0, "16B": 1, "32B": 2}
+_SWIZZLES = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
+_PROMOTIONS = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
+_FILLS = {"zero": 0, "nan": 1}
+
+
+def _named(v, table, key):
+    if isinstance(v, str) and v in table:
+        return table[v]
+    raise PlanError('"%s" must be one of %s, got %s' % (key, ", ".join('"%s"' % k for k in table), _dump(v)))
+
+
+def _dump(v):
+    import json
+    return json.dumps(v)
+
+
+def _int_list(v, env, key):
+    if not isinstance(v, list):
+        raise PlanError('"%s" must be a list' % key)
+    out = []
+    for i, x in enumerate(v):
+        try:
+            out.append(_field(x, env))
+        except PlanError as e:
+            raise PlanError("%s[%d]: %s" % (key, i, e))
+    return out
+
+
+def resolve_tensor_map(e, env, scratch_bytes):
+    """One "tensor_maps" entry, checked, as the evaluator resolves it (TensorMapToJson's form)."""
+    if not isinstance(e, dict):
+        raise PlanError("must be an object")
+    for key in e:
+        if key not in TENSOR_MAP_KEYS:
+            raise PlanError('unknown key "%s"' % key)
+    if not isinstance(e.get("name"), str) or not e["name"]:
+        raise PlanError('needs "name" (the launch argument that receives the map)')
+    if not isinstance(e.get("tensor"), str):
+        raise PlanError('needs "tensor" (a tensor of the signature or a scratch buffer)')
+    if "box" not in e:
+        raise PlanError('needs "box" (the tile, innermost dimension first)')
+    name, tensor = e["name"], e["tensor"]
+    entry = env.find(tensor)
+    is_scratch = False
+    if entry is not None and entry[0] == "tensor":
+        shape, tdtype = entry[1], entry[2]
+        target = _numel(entry) * _DTYPE_SIZES[tdtype]
+        if tdtype not in _TENSOR_TMA:
+            raise PlanError('%s tensors have no TMA data type; use "dtype": "uint8"' % tdtype)
+        dtype = _TENSOR_TMA[tdtype]
+        dims = list(reversed(shape)) or [1]
+    elif tensor in scratch_bytes:
+        is_scratch = True
+        target = scratch_bytes[tensor]
+        if "dtype" not in e or "dims" not in e:
+            raise PlanError("scratch '%s' has no shape: give \"dtype\" and \"dims\"" % tensor)
+        dtype, dims, tdtype = None, [], None
+    elif entry is not None:
+        raise PlanError("'%s' is a scalar, not a tensor" % tensor)
+    else:
+        raise PlanError("unknown tensor '%s'" % tensor)
+    if "dtype" in e:
+        d = _named(e["dtype"], TMA_DTYPES, "dtype")
+        if not is_scratch and _TMA_SIZES[d] != _DTYPE_SIZES[tdtype]:
+            raise PlanError('dtype "%s" is %d bytes but \'%s\' is %s' % (e["dtype"], _TMA_SIZES[d], tensor, tdtype))
+        dtype = d
+    elem = _TMA_SIZES[dtype]
+    if "dims" in e:
+        dims = _int_list(e["dims"], env, "dims")
+    if not 1 <= len(dims) <= 5:
+        raise PlanError("rank %d: a tensor map has 1 to 5 dimensions" % len(dims))
+    rank = len(dims)
+    if "byte_strides" in e:
+        strides = _int_list(e["byte_strides"], env, "byte_strides")
+        if len(strides) != rank - 1:
+            raise PlanError('"byte_strides" has %d entries; a rank-%d map has %d' % (len(strides), rank, rank - 1))
+    else:
+        strides, s = [], elem
+        for i in range(rank - 1):
+            s *= dims[i]
+            strides.append(s)
+    box = _int_list(e["box"], env, "box")
+    if len(box) != rank:
+        raise PlanError('"box" has %d entries for a rank-%d map' % (len(box), rank))
+    estr = [1] * rank
+    if "element_strides" in e:
+        estr = _int_list(e["element_strides"], env, "element_strides")
+        if len(estr) != rank:
+            raise PlanError('"element_strides" has %d entries for a rank-%d map' % (len(estr), rank))
+    for i in range(rank):
+        if dims[i] < 1:
+            raise PlanError("dims[%d] = %d is not positive" % (i, dims[i]))
+        if not 1 <= box[i] <= 256:
+            raise PlanError("box[%d] = %d is outside 1..256: a box dimension is 1 to 256 elements" % (i, box[i]))
+        if not 1 <= estr[i] <= 8:
+            raise PlanError("element_strides[%d] = %d: an element stride is 1 to 8" % (i, estr[i]))
+    for i, st in enumerate(strides):
+        if st < 1:
+            raise PlanError("byte_strides[%d] = %d is not positive" % (i, st))
+    m = {"name": name, "tensor": tensor, "scratch": is_scratch, "target_bytes": target, "dtype": dtype,
+         "dims": dims, "byte_strides": strides, "box": box, "element_strides": estr,
+         "interleave": _named(e["interleave"], _INTERLEAVES, "interleave") if "interleave" in e else 0,
+         "swizzle": _named(e["swizzle"], _SWIZZLES, "swizzle") if "swizzle" in e else 0,
+         "l2_promotion": _named(e["l2_promotion"], _PROMOTIONS, "l2_promotion") if "l2_promotion" in e else 0,
+         "oob_fill": _named(e["oob_fill"], _FILLS, "oob_fill") if "oob_fill" in e else 0}
+    check_tensor_map(m)
+    return m
+
+
+def check_tensor_map(m):
+    """cuTensorMapEncodeTiled's rules (all but the address) and ours; PlanError names the rule."""
+    elem = _TMA_SIZES[m["dtype"]]
+    rank = len(m["dims"])
+    if m["interleave"] != 0 and rank < 3:
+        raise PlanError("an interleaved map needs rank 3 or more (it has %d)" % rank)
+    for i in range(rank):
+        if not 1 <= m["dims"][i] <= (1 << 32):
+            raise PlanError("dims[%d] = %d: a dimension is 1 to 2^32 elements" % (i, m["dims"][i]))
+    align = 32 if m["interleave"] == 2 else 16
+    for i, st in enumerate(m["byte_strides"]):
+        if st % align:
+            raise PlanError("byte_strides[%d] = %d is not a multiple of %d bytes" % (i, st, align))
+        if st >= (1 << 40):
+            raise PlanError("byte_strides[%d] = %d is not below 2^40" % (i, st))
+    inner = m["box"][0] * elem
+    if m["interleave"] == 0 and inner % 16:
+        raise PlanError("the inner box (box[0] = %d x %d bytes = %d bytes) is not a multiple of 16 bytes" %
+                        (m["box"][0], elem, inner))
+    if m["interleave"] == 0 and m["swizzle"] != 0:
+        span = 16 << m["swizzle"]
+        if inner > span:
+            raise PlanError("the inner box (box[0] = %d x %d bytes = %d bytes) is wider than the %dB swizzle span" %
+                            (m["box"][0], elem, inner, span))
+    if m["interleave"] == 2 and m["swizzle"] != 1:
+        raise PlanError('"interleave": "32B" needs "swizzle": "32B"')
+    if m["oob_fill"] == 1 and m["dtype"] not in _TMA_FLOATS:
+        raise PlanError('"oob_fill": "nan" needs a floating-point dtype')
+    last = m["dims"][0] * elem + sum((m["dims"][i] - 1) * m["byte_strides"][i - 1] for i in range(1, rank))
+    if last > m["target_bytes"]:
+        raise PlanError("the map reaches byte %d of '%s', which has %d bytes: dims and byte_strides must stay "
+                        "inside the tensor" % (last, m["tensor"], m["target_bytes"]))

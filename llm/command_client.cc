@@ -1,13 +1,24 @@
 #include "llm/command_client.h"
 
-#include <chrono>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
 #include "common/subprocess.h"
+#include "common/unique_fd.h"
 #include "llm/concurrency_limiter.h"
 #include "llm/http_client.h"
 
 namespace ks {
 namespace {
+
+int64_t EstimateTokens(const std::string& text) { return static_cast<int64_t>((text.size() + 3) / 4); }
 
 class CommandClient final : public LlmClient {
  public:
@@ -32,6 +43,14 @@ class CommandClient final : public LlmClient {
     }
     rec->response = *result;
     rec->finish_reason = "stop";
+    // A command that does not say what it used is estimated from the text
+    // (about 4 characters a token for English and code): a search's token
+    // budget and its cost (--price-*) must not read 0 whatever it answered.
+    if (rec->tokens_in == 0 && rec->tokens_out == 0) {
+      rec->tokens_in = EstimateTokens(request.system) + EstimateTokens(request.prompt);
+      rec->tokens_out = EstimateTokens(*result);
+    }
+    rec->cost_usd = (rec->tokens_in * config_.price_in_per_mtok + rec->tokens_out * config_.price_out_per_mtok) / 1e6;
     return result;
   }
 
@@ -52,8 +71,25 @@ class CommandClient final : public LlmClient {
         {"KS_LLM_MAX_TOKENS", std::to_string(config_.max_tokens.value_or(request.max_tokens))},
         {"KS_LLM_TEMPERATURE", std::to_string(config_.temperature.value_or(request.temperature))},
     };
+    // The command may report its usage: {"tokens_in": N, "tokens_out": M} in
+    // the file $KS_LLM_USAGE_FILE names (a private temporary file).
+    char usage_path[] = "/tmp/ks-llm-usage-XXXXXX";
+    UniqueFd usage_fd(mkstemp(usage_path));
+    if (!usage_fd.valid()) return Internal(std::string("mkstemp for the usage file: ") + std::strerror(errno));
+    struct Unlink {
+      const char* path;
+      ~Unlink() { ::unlink(path); }
+    } unlink_usage{usage_path};
+    opts.env["KS_LLM_USAGE_FILE"] = usage_path;
     ++rec->attempts;
     KS_ASSIGN_OR_RETURN(SubprocessResult res, RunSubprocess(opts));
+    if (auto usage = ReadFile(usage_path); usage.ok() && !usage->empty()) {
+      auto j = nlohmann::json::parse(*usage, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object()) {
+        rec->tokens_in = j.value("tokens_in", int64_t{0});
+        rec->tokens_out = j.value("tokens_out", int64_t{0});
+      }
+    }
     std::string what = "command '" + command_ + "'";
     if (res.timed_out)
       return DeadlineExceeded(what + " " + res.Describe() + " (limit " + std::to_string(config_.timeout_s) + " s)");

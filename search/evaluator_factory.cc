@@ -63,6 +63,11 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       KS_ASSIGN_OR_RETURN(o, LoadScriptedEvaluatorOptions(spec.substr(5)));
     }
     made.gpu = o.gpu;
+    if (o.check_reference) {
+      // The fake stands for the GPU side: it checks the reference as the GPU
+      // evaluator does while preparing it, with the real bridge on the CPU.
+      KS_ASSIGN_OR_RETURN(made.degenerate, CheckProblem(problem_file, BridgeOptions{.python = options.python}, "cpu"));
+    }
     KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
     if (devices.size() == 1) {
       made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
@@ -95,6 +100,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       }
     }
     KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem_file, ro));
+    made.degenerate = ref.degenerate;
     auto make_one = [&](int device) -> StatusOr<std::unique_ptr<GpuEvaluator>> {
       GpuEvaluatorOptions go;
       go.device = device;

@@ -38,6 +38,10 @@ struct SearchEvaluator {
   // Set when the evaluator measured a real device (the GPU evaluator), or a
   // scripted one was told to pretend (its config's "gpu" object).
   std::optional<GpuFacts> gpu;
+  // Why the reference cannot judge kernels (degenerate outputs), found where
+  // it was computed: the GPU evaluator's reference, or the bridge's CPU check
+  // for a scripted evaluator told to run it ("check_reference"). Empty: it can.
+  std::vector<std::string> degenerate;
 };
 
 // The caller owns the evaluator; it is used for one problem.

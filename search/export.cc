@@ -32,6 +32,15 @@ std::string DocText(std::string s) {
   return s;
 }
 
+// The target the candidate was evaluated under (recorded with its evaluation
+// since arch-specific targets exist), or `fallback` for older records.
+std::string EvaluatedTarget(const store::CandidateRow& c, const std::string& fallback) {
+  if (!c.evaluation) return fallback;
+  nlohmann::json e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+  std::string target = e.is_object() ? e.value("target", "") : "";
+  return target.empty() ? fallback : target;
+}
+
 std::string Describe(const store::CandidateRow& c) {
   if (!c.evaluation) return "not evaluated";
   nlohmann::json e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
@@ -90,7 +99,10 @@ nlohmann::json KernelParamKindsJson(const std::vector<KernelInfo>& kernels) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& k : kernels) {
     nlohmann::json kinds = nlohmann::json::array();
-    for (const auto& p : k.params) kinds.push_back(ParamKindCode(p.kind));
+    // A by-value struct carries its size ("bytes128": a CUtensorMap), which
+    // decides whether a tensor map may fill it.
+    for (const auto& p : k.params)
+      kinds.push_back(p.kind == ParamKind::kBytes ? "bytes" + std::to_string(p.size) : std::string(ParamKindCode(p.kind)));
     j[k.name] = kinds;
   }
   return j;
@@ -108,6 +120,7 @@ nlohmann::json ResolvedPlanToJson(const ResolvedPlan& plan) {
         case ArgValue::Kind::kInt64: args.push_back({{"kind", "i64"}, {"value", a.i}}); break;
         case ArgValue::Kind::kFloat32: args.push_back({{"kind", "f32"}, {"value", a.f}}); break;
         case ArgValue::Kind::kFloat64: args.push_back({{"kind", "f64"}, {"value", a.f}}); break;
+        case ArgValue::Kind::kTensorMap: args.push_back({{"kind", "tensor_map"}, {"name", a.name}}); break;
       }
     }
     launches.push_back({{"kernel", l.kernel},
@@ -119,7 +132,13 @@ nlohmann::json ResolvedPlanToJson(const ResolvedPlan& plan) {
   }
   nlohmann::json scratch = nlohmann::json::array();
   for (const auto& s : plan.scratch) scratch.push_back({{"name", s.name}, {"bytes", s.bytes}});
-  return {{"launches", launches}, {"scratch", scratch}};
+  nlohmann::json out = {{"launches", launches}, {"scratch", scratch}};
+  // Only when there are maps, so plans without them resolve as they always did.
+  if (!plan.tensor_maps.empty()) {
+    out["tensor_maps"] = nlohmann::json::array();
+    for (const auto& m : plan.tensor_maps) out["tensor_maps"].push_back(TensorMapToJson(m));
+  }
+  return out;
 }
 
 StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, int64_t candidate_id,
@@ -136,13 +155,16 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
   if (!sig.ok()) return sig.status().WithContext("problem " + problem.name + " signature");
 
   // The parameter kinds come from the PTX of this very source (no GPU needed).
+  // Compiled for the target it was evaluated under: a kernel that uses wgmma
+  // compiles only for the arch-specific one (sm_90a).
+  const std::string target = EvaluatedTarget(c, options.arch);
   CompileOptions co;
-  co.arch = options.arch;
+  co.arch = target;
   co.worker_path = options.worker_path;
   co.cuda_home = options.cuda_home;
   KS_ASSIGN_OR_RETURN(CompileResult compiled, CompileCandidate(c.source, co));
   if (!compiled.ok)
-    return FailedPrecondition(which + " does not compile for " + options.arch + ": " + compiled.message +
+    return FailedPrecondition(which + " does not compile for " + target + ": " + compiled.message +
                               (compiled.log.empty() ? "" : "\n" + compiled.log));
   auto plan = ResolvePlan(c.plan_json, *sig, compiled.kernels, PlanLimits{});
   if (!plan.ok()) return FailedPrecondition(which + ": its launch plan does not resolve: " + plan.status().message());
@@ -163,7 +185,8 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
                                             {"NVRTC_OPTIONS", nlohmann::json(EvaluatorNvrtcOptions()).dump()},
                                             {"PRELUDE_NAME", kNvrtcPreludeName},
                                             {"PRELUDE", NvrtcPrelude()},
-                                            {"CUDA_HOME", cuda_home}}));
+                                            {"CUDA_HOME", cuda_home},
+                                            {"TARGET", target}}));
   return std::vector<ExportedFile>{{"kernel.cu", c.source},
                                    {"plan.json", c.plan_json},
                                    {"problem.py", problem.source},

@@ -12,7 +12,7 @@
 // time it compiles with the evaluator's NVRTC options and prelude header, and
 // evaluates plan expressions against each call's tensor shapes with the
 // evaluator's rules (ks_launch_plan.py, a Python mirror of
-// evaluator/launch_plan.cc; tests compare the two).
+// evaluator/plan/launch_plan.cc; tests compare the two).
 //
 // The Python is real files, export/kernel_module.py (a template) and
 // export/ks_launch_plan.py (copied as it is), installed as data in
@@ -30,16 +30,19 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "evaluator/kernel_info.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/kernel_info.h"
+#include "evaluator/plan/launch_plan.h"
 #include "store/lineage_store.h"
 
 namespace ks {
 
 struct ExportOptions {
-  // Any real arch NVRTC accepts for the source: parameter kinds do not depend
-  // on it. The module compiles for the GPU it runs on.
-  std::string arch = "sm_90";
+  // The target to compile for when the candidate's evaluation recorded none
+  // (older records): any NVRTC accepts for the source, since parameter kinds
+  // do not depend on it. A recorded target wins. An exported module compiles
+  // for the GPU it runs on, except that an arch-specific target (sm_90a) is
+  // kept and a GPU of another architecture is refused.
+  std::string arch = "sm_90a";
   std::string worker_path;  // ks-worker; "" = FindWorker
   std::string cuda_home;    // "" = FindCudaHome
 };

@@ -44,6 +44,12 @@ nlohmann::json SearchEventToJson(const SearchEvent& e) {
 Status Orchestrator::SearchRun::Load() {
   KS_ASSIGN_OR_RETURN(search_, store_->GetSearch(search_id_));
   prior_elapsed_s_ = search_.elapsed_s;
+  if (search_.status == SearchStatus::kFailed) {
+    // Resumed after a failure (another --model, the server back): the round it
+    // failed on is not judged again; a new round starts.
+    KS_ASSIGN_OR_RETURN(std::optional<RoundRow> last, store_->LastRound(search_id_));
+    if (last) judged_round_ = last->round;
+  }
   KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store_->GetProblem(search_.problem_id));
   nlohmann::json cj = nlohmann::json::parse(search_.config_json, nullptr, false);
   auto config = SearchConfigFromJson(cj);
@@ -77,7 +83,10 @@ Status Orchestrator::SearchRun::Load() {
 }
 
 Status Orchestrator::SearchRun::LoadMeasuredFacts() {
-  if (problem_.gpu.sm_count > 0 && problem_.gpu.memory_bandwidth_gbps > 0) return Status::Ok();
+  // Measured facts in the config are final; datasheet figures give way to what
+  // the GPU side measured as soon as it has reported.
+  if (problem_.gpu.sm_count > 0 && problem_.gpu.memory_bandwidth_gbps > 0 && !problem_.gpu.from_datasheet())
+    return Status::Ok();
   KS_ASSIGN_OR_RETURN(auto facts, store_->LatestGpuFactsForSearch(search_id_));
   if (!facts && !problem_.gpu.name.empty()) {
     KS_ASSIGN_OR_RETURN(facts, store_->LatestGpuFacts(problem_.gpu.name));
@@ -141,8 +150,20 @@ Status Orchestrator::SearchRun::Loop(Mode mode) {
       // Budgets and the target are checked here, between rounds; an unfinished
       // round is always processed first, so that what is pending gets evaluated.
       if (Stopping()) return Status::Ok();
+      if (last && last->round != judged_round_) {
+        KS_ASSIGN_OR_RETURN(std::string why, RoundFailure(last->round));
+        if (!why.empty()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          failure_ = why;
+          return Status::Ok();
+        }
+      }
       int next = last ? last->round + 1 : 0;
-      if (next > config_.rounds) return Done("rounds");
+      int failed_rounds = 0;
+      if (last) {
+        KS_ASSIGN_OR_RETURN(failed_rounds, FailedRounds(last->round));
+      }
+      if (next - failed_rounds > config_.rounds) return Done("rounds");
       if (config_.target_speedup > 0 && BestSpeedup() && *BestSpeedup() >= config_.target_speedup)
         return Done(fmt::format("target speedup {:.2f}x reached", config_.target_speedup));
       KS_ASSIGN_OR_RETURN(std::vector<int64_t> beam, SelectBeam());
@@ -165,6 +186,47 @@ Status Orchestrator::SearchRun::Loop(Mode mode) {
       return Status::Ok();
     }
   }
+}
+
+StatusOr<std::string> Orchestrator::SearchRun::RoundFailure(int round) {
+  KS_ASSIGN_OR_RETURN(auto cands, store_->ListCandidates(search_id_));
+  int64_t in_round = 0, parsable_before = 0;
+  for (const auto& c : cands) {
+    const bool parsable = !c.plan_json.empty();
+    if (c.round == round) {
+      ++in_round;
+      if (parsable) return std::string();
+    } else if (c.round < round && parsable) {
+      ++parsable_before;
+    }
+  }
+  KS_ASSIGN_OR_RETURN(auto calls, store_->ListLlmCalls(search_id_, /*finished_only=*/false));
+  const std::string prefix = fmt::format("r{}/", round);
+  int64_t made = 0, failed = 0;
+  std::string first_error;
+  for (const auto& c : calls) {
+    if (c.slot_key.rfind(prefix, 0) != 0) continue;
+    ++made;
+    if (c.record.error.empty()) continue;
+    if (failed++ == 0) first_error = c.record.error;
+  }
+  if (made > 0 && failed == made)
+    return fmt::format("no kernel in round {}: every model call failed ({}); first error: {}", round, failed,
+                       first_error);
+  if (parsable_before == 0)
+    return fmt::format("no kernel: the model's replies in round {} held no parsable candidate ({} repl{}, "
+                       "see `kernelsearch show` of a candidate for the reply)",
+                       round, in_round, in_round == 1 ? "y" : "ies");
+  return std::string();
+}
+
+StatusOr<int> Orchestrator::SearchRun::FailedRounds(int last) {
+  int failed = 0;
+  for (int r = 0; r <= last; ++r) {
+    KS_ASSIGN_OR_RETURN(std::string why, RoundFailure(r));
+    if (!why.empty()) ++failed;
+  }
+  return failed;
 }
 
 StatusOr<bool> Orchestrator::SearchRun::RoundComplete(const RoundRow& round) {
@@ -416,6 +478,9 @@ StatusOr<SearchOutcome> Orchestrator::SearchRun::Finish() {
     if (!fatal_.ok()) {
       status = SearchStatus::kFailed;
       reason = fatal_.ToString();
+    } else if (!failure_.empty()) {
+      status = SearchStatus::kFailed;
+      reason = failure_;
     } else if (Cancelled()) {
       status = SearchStatus::kCancelled;
       reason = "cancelled";

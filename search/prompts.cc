@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 
+#include "evaluator/compiler.h"
 #include "evaluator/counters.h"
 #include "evaluator/launch_profile.h"
 
@@ -44,6 +46,9 @@ TemplateVars ProblemVars(const ProblemContext& p) {
   v.Set("signature_table", SignatureTable(p.signature));
   v.Set("gpu_facts", GpuFactsText(p.gpu));
   v.Set("launch_limits", LaunchLimitsText(p.gpu));
+  // The Hopper section (TMA, wgmma) only for a GPU that has those: a list of
+  // one record renders it once, an empty list not at all.
+  v.SetList("hopper", HopperRecords(p.gpu));
   return v;
 }
 
@@ -104,22 +109,26 @@ std::string GpuFactsText(const GpuFacts& g) {
   // A zero or blank figure would read as a fact ("0 SMs"); an unmeasured one is
   // said to be unknown instead (a split search before its GPU node reported).
   auto known = [](auto v, const std::string& text) { return v ? text : std::string("unknown"); };
-  std::string out = fmt::format("- {} (compute capability {}), {} SMs\n", g.name.empty() ? "GPU model unknown" : g.name,
+  // Datasheet figures (a split search before its GPU node measured the GPU)
+  // say so: bandwidth and peaks are the vendor's, not what a kernel reaches.
+  const bool sheet = g.from_datasheet();
+  std::string out = fmt::format("- {} (compute capability {}), {} SMs{}\n", g.name.empty() ? "GPU model unknown" : g.name,
                                 g.compute_capability.empty() ? "unknown" : g.compute_capability,
-                                known(g.sm_count, std::to_string(g.sm_count)));
+                                known(g.sm_count, std::to_string(g.sm_count)),
+                                sheet ? " (datasheet figures: not measured on this GPU yet)" : "");
   out += "- Shared memory: " + known(g.shared_bytes_per_block, Bytes(g.shared_bytes_per_block)) +
          " per block (opt-in maximum)";
   if (g.shared_bytes_per_sm) out += ", " + Bytes(g.shared_bytes_per_sm) + " per SM";
   out += "\n- L2 cache: " + known(g.l2_bytes, Bytes(g.l2_bytes)) + "\n";
   if (g.registers_per_sm) out += fmt::format("- Registers: {} per SM\n", g.registers_per_sm);
-  out += "- Memory bandwidth (measured): " +
+  out += std::string("- Memory bandwidth (") + (sheet ? "datasheet peak" : "measured") + "): " +
          known(g.memory_bandwidth_gbps > 0, fmt::format("{:.0f} GB/s", g.memory_bandwidth_gbps)) + "\n";
   std::vector<std::string> peaks;
   if (g.fp32_tflops) peaks.push_back(fmt::format("FP32 {:.1f}", g.fp32_tflops));
   if (g.tf32_tflops) peaks.push_back(fmt::format("TF32 tensor cores {:.0f}", g.tf32_tflops));
   if (g.fp16_tensor_tflops) peaks.push_back(fmt::format("FP16/BF16 tensor cores {:.0f}", g.fp16_tensor_tflops));
   if (peaks.empty()) return out + "- Compute peaks: unknown";
-  out += "- Dense matmul peaks (measured, cuBLAS), TFLOP/s: ";
+  out += sheet ? "- Dense matmul peaks (datasheet), TFLOP/s: " : "- Dense matmul peaks (measured, cuBLAS), TFLOP/s: ";
   for (size_t i = 0; i < peaks.size(); ++i) out += (i ? ", " : "") + peaks[i];
   return out;
 }
@@ -243,6 +252,13 @@ std::string TopKernelsText(const std::vector<TopKernel>& best) {
                          l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], Bytes(l.shared_bytes));
   }
   return out;
+}
+
+std::vector<TemplateRecord> HopperRecords(const GpuFacts& g) {
+  int major = 0, minor = 0;
+  if (std::sscanf(g.compute_capability.c_str(), "%d.%d", &major, &minor) != 2 || major < 9) return {};
+  // The arch-specific target candidates compile for (evaluator/compiler.h).
+  return {{{"hopper_target", ArchSpecificTarget("sm_" + std::to_string(major) + std::to_string(minor))}}};
 }
 
 std::string LaunchLimitsText(const GpuFacts& g) {

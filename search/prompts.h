@@ -36,6 +36,11 @@ struct GpuFacts {
   int max_threads_per_sm = 0;
   int max_blocks_per_sm = 0;
   int max_registers_per_thread = 0;        // 255 on every GPU of compute capability 3.5 and later
+  // Where the figures come from: "" = measured on the device (the evaluator);
+  // "datasheet" = the vendor's figures (search/gpu_datasheet.h), used by the
+  // model side of a split search until its GPU side has measured the GPU.
+  std::string source;
+  bool from_datasheet() const { return source == "datasheet"; }
 };
 
 // The kernel a round starts from: a correct candidate with its evaluation, or
@@ -127,6 +132,10 @@ std::string FailureDetails(const Evaluation& e, const Signature* sig = nullptr);
 // The contract's device section: shared memory per block and the register
 // budget per thread at each block size ("unknown" where the facts are missing).
 std::string LaunchLimitsText(const GpuFacts& gpu);
+// The contract's Hopper section (TMA, wgmma, the arch-specific target): one
+// record {hopper_target: "sm_90a"} for a GPU of compute capability 9.0 or
+// later, none otherwise (or when unknown), so the section is not shown.
+std::vector<TemplateRecord> HopperRecords(const GpuFacts& gpu);
 // "out[3, 1021]": a flat index of a contiguous tensor by its position.
 std::string IndexInShape(const std::string& name, int64_t flat, const std::vector<int64_t>& shape);
 // The figures of one evaluation in one line: time, speedups, fraction of the floor.

@@ -93,6 +93,7 @@ StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::strin
     o.log_path = j.value("log", o.log_path);
     o.fail_after = j.value("fail_after", o.fail_after);
     o.device = j.value("device", o.device);
+    o.check_reference = j.value("check_reference", o.check_reference);
     if (j.contains("gpu")) {
       if (!j["gpu"].is_object()) return InvalidArgument(path + ": \"gpu\" must be an object");
       o.gpu = GpuFactsFromJson(j["gpu"]);

@@ -39,10 +39,15 @@ struct ScriptedEvaluatorOptions {
   std::string device = "fake-gpu";
   // Device facts to report as if measured (tests of the facts reaching prompts).
   std::optional<GpuFacts> gpu;
+  // Check the problem's reference with the real bridge on the CPU when the
+  // evaluator is made (evaluator_factory.h), as the GPU evaluator does while
+  // preparing its reference: tests of the GPU side's refusal of a problem that
+  // cannot be judged (degenerate outputs, a nondeterministic forward).
+  bool check_reference = false;
 };
 
 // Reads {"eager_ms", "compile_ms", "delay_ms", "floor_ms", "log", "fail_after", "device",
-// "gpu"}; "gpu" is an object as in a search config's "gpu" (search_config.h).
+// "gpu", "check_reference"}; "gpu" is an object as in a search config's "gpu" (search_config.h).
 StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::string& path);
 
 class ScriptedEvaluator final : public CandidateEvaluator {

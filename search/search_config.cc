@@ -39,7 +39,8 @@ nlohmann::json GpuFactsToJson(const GpuFacts& g) {
           {"fp16_tensor_tflops", g.fp16_tensor_tflops},
           {"max_threads_per_sm", g.max_threads_per_sm},
           {"max_blocks_per_sm", g.max_blocks_per_sm},
-          {"max_registers_per_thread", g.max_registers_per_thread}};
+          {"max_registers_per_thread", g.max_registers_per_thread},
+          {"source", g.source}};
 }
 
 GpuFacts GpuFactsFromJson(const nlohmann::json& j) {
@@ -59,6 +60,7 @@ GpuFacts GpuFactsFromJson(const nlohmann::json& j) {
   g.max_threads_per_sm = j.value("max_threads_per_sm", 0);
   g.max_blocks_per_sm = j.value("max_blocks_per_sm", 0);
   g.max_registers_per_thread = j.value("max_registers_per_thread", 0);
+  g.source = j.value("source", "");
   return g;
 }
 
@@ -82,7 +84,8 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"seed_plan", c.seed_plan},
           {"seed_label", c.seed_label},
           {"gpu", GpuFactsToJson(c.gpu)},
-          {"bank", c.bank}};
+          {"bank", c.bank},
+          {"allow_degenerate", c.allow_degenerate}};
 }
 
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
@@ -90,7 +93,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
   static const std::set<std::string> kKeys = {
       "rounds", "ideas", "branches", "beam", "repair_attempts", "profile_top", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
-      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank"};
+      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "allow_degenerate"};
   for (const auto& [key, value] : j.items())
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
@@ -115,6 +118,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     c.seed_label = j.value("seed_label", c.seed_label);
     if (j.contains("gpu")) c.gpu = GpuFactsFromJson(j.at("gpu"));
     c.bank = j.value("bank", c.bank);
+    c.allow_degenerate = j.value("allow_degenerate", c.allow_degenerate);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("search config: ") + e.what());
   }

@@ -56,6 +56,11 @@ struct SearchConfig {
   // kernel bank, search/kernel_bank.h) in round 0 and in ideas prompts.
   bool bank = true;
 
+  // Search even when the reference is degenerate (its outputs cannot tell a
+  // right kernel from a wrong one). Checked on the GPU side, where the
+  // reference is computed (search/search_setup.h), so it travels with the search.
+  bool allow_degenerate = false;
+
   Status Validate() const;
 };
 

@@ -143,6 +143,16 @@ class Orchestrator::SearchRun {
 
   Status ProcessRound(const RoundRow& round, Mode mode, bool* generated_something);
 
+  // Why complete round `round` fails the search, or "" when it does not: it
+  // produced no parsable candidate, and either every model call it made
+  // failed (the model cannot be reached, or refuses us) or the search has no
+  // parsable candidate at all (the model does not answer with kernels).
+  // `--resume` (with another --model) then starts a new round, and the rounds
+  // limit does not count failed rounds.
+  StatusOr<std::string> RoundFailure(int round);
+  // How many of rounds 0..last failed the search (RoundFailure).
+  StatusOr<int> FailedRounds(int last);
+
   // ---- beam selection ----
 
   StatusOr<std::vector<int64_t>> SelectBeam();
@@ -253,6 +263,8 @@ class Orchestrator::SearchRun {
   Status fatal_;                       // (mu_) the first error of a task
   std::string stop_reason_;            // (mu_) budget or target: no new model calls
   std::string generate_only_note_;
+  std::string failure_;                // (mu_) a round failed the search (RoundFailure)
+  int judged_round_ = -1;              // a round this run does not judge again (the search failed on it before)
   bool finished_ = false;              // (mu_)
   bool first_pass_interrupted_ = false;  // (mu_)
   int64_t pending_signal_ = 0;         // (mu_) candidates stored since the last batch

@@ -198,21 +198,6 @@ SuiteProblemResult ResultFromEvaluation(const std::string& problem_file, const E
   return r;
 }
 
-StatusOr<std::string> StoredProblemFile(const store::ProblemRow& problem, const std::string& path) {
-  for (const std::string& candidate : {path, problem.file_path}) {
-    if (candidate.empty()) continue;
-    auto text = ReadFile(candidate);
-    if (text.ok() && Sha256Hex(*text) == problem.sha256) return candidate;
-  }
-  std::string dir = (fs::temp_directory_path() / ("kernelsearch-problems-" + problem.sha256.substr(0, 16))).string();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return FailedPrecondition("creating " + dir + ": " + ec.message());
-  std::string copy = dir + "/" + problem.name + ".py";
-  KS_RETURN_IF_ERROR(WriteFile(copy, problem.source));
-  return copy;
-}
-
 StatusOr<SuiteProblemResult> ResultFromEntry(store::LineageStore* store, const store::SuiteEntryRow& entry) {
   SuiteProblemResult r;
   r.problem = Stem(entry.file_path);
@@ -286,40 +271,30 @@ Status SuiteRunner::RunEntry(int64_t suite_id, const store::SuiteEntryRow& entry
                              int count, bool* cancelled) {
   store::LineageStore* store = deps_.store;
   const std::string& file = entry.file_path;
-  std::unique_ptr<CandidateEvaluator> evaluator;
-  std::optional<int64_t> search_id = entry.search_id;
-  if (!search_id) {
-    // A new search: the problem must load (and be judgeable) before anything is
-    // spent on it.
-    KS_ASSIGN_OR_RETURN(Signature sig, deps_.hooks.signature(file));
-    KS_ASSIGN_OR_RETURN(std::string source, ReadFile(file));
-    KS_ASSIGN_OR_RETURN(SearchEvaluator made, deps_.hooks.evaluator(file));
-    evaluator = std::move(made.evaluator);
-    SearchConfig config = base;
-    // As a single search does: the prompts state what the evaluator measured,
-    // under the name the user gave, if any.
-    if (made.gpu) {
-      std::string name = config.gpu.name;
-      config.gpu = *made.gpu;
-      if (!name.empty()) config.gpu.name = name;
-    }
-    if (config.gpu.name.empty()) config.gpu.name = evaluator->DeviceName();
-    KS_ASSIGN_OR_RETURN(int64_t id, Orchestrator::CreateSearch(store, file, source, sig, config));
-    search_id = id;
-    KS_RETURN_IF_ERROR(store->SetSuiteEntry(suite_id, entry.position, search_id, ""));
+  // Set up as every search is (search/search_setup.h): the model client is
+  // the suite's own, shared by its problems.
+  SetupOptions so;
+  so.evaluator = deps_.evaluator;
+  so.need_model = false;
+  so.load_signature = deps_.hooks.signature;
+  so.make_evaluator = deps_.hooks.evaluator;
+  std::unique_ptr<SearchSetup> setup;
+  if (!entry.search_id) {
+    NewSearchRequest request{.problem_file = file, .config = base, .python = deps_.evaluator.python};
+    KS_ASSIGN_OR_RETURN(setup, SearchSetup::Create(store, request, so));
   } else {
     // The stored problem text is what the search runs on (the file may have
     // moved or changed since).
-    KS_ASSIGN_OR_RETURN(store::SearchRow search, store->GetSearch(*search_id));
-    KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store->GetProblem(search.problem_id));
-    KS_ASSIGN_OR_RETURN(std::string path, StoredProblemFile(problem, file));
-    KS_ASSIGN_OR_RETURN(SearchEvaluator made, deps_.hooks.evaluator(path));
-    evaluator = std::move(made.evaluator);
-    KS_RETURN_IF_ERROR(store->SetSuiteEntry(suite_id, entry.position, search_id, ""));
+    KS_ASSIGN_OR_RETURN(setup, SearchSetup::Open(store, *entry.search_id, so, "", file));
   }
+  std::optional<int64_t> search_id = setup->search_id();
+  KS_RETURN_IF_ERROR(store->SetSuiteEntry(suite_id, entry.position, search_id, ""));
+  // The GPU side: the reference is computed and checked before anything is spent on the model.
+  KS_RETURN_IF_ERROR(setup->PrepareEvaluator());
+  CandidateEvaluator* evaluator = setup->evaluator();
   std::string name = Stem(file);
   int index = entry.position;
-  Orchestrator orch({.store = store, .llm = deps_.llm, .evaluator = evaluator.get(), .prompts = deps_.prompts,
+  Orchestrator orch({.store = store, .llm = deps_.llm, .evaluator = evaluator, .prompts = deps_.prompts,
                      .cancel = deps_.cancel},
                     [&](const SearchEvent& e) {
                       if (!on_event_) return;
@@ -335,7 +310,7 @@ Status SuiteRunner::RunEntry(int64_t suite_id, const store::SuiteEntryRow& entry
 
 StatusOr<SuiteReport> SuiteRunner::Run(int64_t suite_id) {
   store::LineageStore* store = deps_.store;
-  if (!store || !deps_.llm || !deps_.prompts || !deps_.hooks.signature || !deps_.hooks.evaluator)
+  if (!store || !deps_.llm || !deps_.prompts)
     return Internal("SuiteRunner: missing dependencies");
   KS_ASSIGN_OR_RETURN(store::SuiteRow suite, store->GetSuite(suite_id));
   KS_ASSIGN_OR_RETURN(SearchConfig config, SuiteSearchConfig(suite));
@@ -360,8 +335,12 @@ StatusOr<SuiteReport> SuiteRunner::Run(int64_t suite_id) {
       if (!st.ok()) {
         // The store itself failing ends the suite; anything else is this problem's row.
         KS_ASSIGN_OR_RETURN(store::SuiteRow again, store->GetSuite(suite_id));
+        // The row names the problem: its folder would only push the reason out of the table.
+        std::string message = st.message();
+        const std::string dir = fs::path(entry.file_path).parent_path().string() + "/";
+        for (size_t at; dir.size() > 1 && (at = message.find(dir)) != std::string::npos;) message.erase(at, dir.size());
         KS_RETURN_IF_ERROR(store->SetSuiteEntry(suite_id, entry.position, again.entries[entry.position].search_id,
-                                                st.message()));
+                                                message));
       }
     }
     KS_ASSIGN_OR_RETURN(store::SuiteRow now, store->GetSuite(suite_id));

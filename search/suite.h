@@ -43,6 +43,7 @@
 #include "search/prompt_template.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
+#include "search/search_setup.h"
 #include "store/lineage_store.h"
 
 namespace ks {
@@ -138,9 +139,10 @@ class SuiteRunner {
  public:
   // How a problem is prepared; the CLI uses the reference bridge and the
   // evaluator factory, tests use fakes (and inject failures).
+  // Each problem's search is set up as every search is (search/search_setup.h);
+  // tests replace its two seams (and inject failures). Empty = the real ones.
   struct Hooks {
-    // The problem's signature, or why it cannot be searched (an unreadable or
-    // broken file, a degenerate reference).
+    // The problem's signature, or why it cannot be searched (an unreadable or broken file).
     std::function<StatusOr<Signature>(const std::string& file)> signature;
     // The evaluator for one problem's search; the runner owns it for that problem only.
     std::function<StatusOr<SearchEvaluator>(const std::string& file)> evaluator;
@@ -150,7 +152,8 @@ class SuiteRunner {
     LlmClient* llm = nullptr;                 // required
     const PromptLibrary* prompts = nullptr;   // required
     const std::atomic<bool>* cancel = nullptr;  // optional stop flag
-    Hooks hooks;                              // both required
+    EvaluatorOptions evaluator;               // the real evaluator's options (spec, python, gpus)
+    Hooks hooks;                              // optional seams
   };
 
   SuiteRunner(Deps deps, SuiteEventCallback on_event) : deps_(std::move(deps)), on_event_(std::move(on_event)) {}
@@ -175,12 +178,6 @@ class SuiteRunner {
   Deps deps_;
   SuiteEventCallback on_event_;
 };
-
-// A file holding the problem text a search was created with: `path` or the
-// stored path when either still holds that text, else a copy of the stored
-// text in a temporary folder (a GPU node may not have the model side's paths,
-// and a file may have changed since).
-StatusOr<std::string> StoredProblemFile(const store::ProblemRow& problem, const std::string& path = "");
 
 // The search config stored with a suite.
 StatusOr<SearchConfig> SuiteSearchConfig(const store::SuiteRow& suite);

@@ -1,6 +1,7 @@
 #include "server/job_manager.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "server/convert.h"
@@ -64,7 +65,7 @@ StatusOr<int64_t> JobManager::Submit(int64_t problem_id, const std::string& conf
 Status JobManager::Cancel(int64_t search_id) {
   KS_ASSIGN_OR_RETURN(store::SearchRow row, store_->GetSearch(search_id));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& j) { return j->search_id == search_id; });
     if (it != queue_.end()) {
       queue_.erase(it);
@@ -76,7 +77,13 @@ Status JobManager::Cancel(int64_t search_id) {
                                   store::SearchStatusName(row.status) + ")");
       r->second->cancel_requested = true;
       r->second->stop = true;
-      return Status::Ok();  // RunJob marks it cancelled when the runner returns
+      // Answer once it has stopped (RunJob marks it cancelled when the runner
+      // returns): the caller is told what happened, not that it may happen.
+      // Model calls in flight are aborted; an evaluation batch in flight
+      // finishes and is stored. Bounded, so that a stuck runner cannot hang the RPC.
+      ended_cv_.wait_for(lock, std::chrono::seconds(60),
+                         [&] { return running_.find(search_id) == running_.end(); });
+      return Status::Ok();
     } else if (row.status == store::SearchStatus::kPending || row.status == store::SearchStatus::kRunning) {
       return FailedPrecondition("search " + std::to_string(search_id) + " is " +
                                 store::SearchStatusName(row.status) + " but not run by this server");
@@ -106,6 +113,7 @@ void JobManager::WorkerLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       running_.erase(job->search_id);
     }
+    ended_cv_.notify_all();
   }
 }
 
@@ -132,7 +140,10 @@ void JobManager::RunJob(const std::shared_ptr<Job>& job) {
     // pending again, so that the next server resumes it.
     mark = store_->SetSearchStatus(id, store::SearchStatus::kPending, "interrupted by server shutdown");
   } else if (!st.ok()) {
-    mark = store_->SetSearchStatus(id, store::SearchStatus::kFailed, st.ToString());
+    // A runner that recorded the failure itself (a reference that cannot
+    // judge kernels) keeps its reason, which says what to do.
+    if (now != store::SearchStatus::kFailed)
+      mark = store_->SetSearchStatus(id, store::SearchStatus::kFailed, st.ToString());
   } else if (!IsTerminal(now)) {
     mark = store_->SetSearchStatus(id, store::SearchStatus::kFinished, row.ok() ? row->stop_reason : "");
   }

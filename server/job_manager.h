@@ -44,7 +44,9 @@ class JobManager {
   StatusOr<int64_t> Submit(int64_t problem_id, const std::string& config_json);
 
   // A queued search is marked cancelled at once; a running one is asked to stop
-  // and marked cancelled when its runner returns. NotFound for an unknown id;
+  // (no new model calls, calls in flight aborted) and marked cancelled when its
+  // runner returns, which Cancel waits for (at most a minute: an evaluation
+  // batch in flight finishes first). NotFound for an unknown id;
   // FailedPrecondition when it already ended or is not run by this server.
   Status Cancel(int64_t search_id);
 
@@ -79,6 +81,7 @@ class JobManager {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable ended_cv_;  // a running job ended (Cancel waits on it)
   std::deque<std::shared_ptr<Job>> queue_;
   std::map<int64_t, std::shared_ptr<Job>> running_;
   bool started_ = false;

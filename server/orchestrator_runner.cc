@@ -7,6 +7,7 @@
 #include "common/files.h"
 #include "search/orchestrator.h"
 #include "search/search_config.h"
+#include "search/search_setup.h"
 #include "server/temp_dir.h"
 
 namespace ks::server {
@@ -88,29 +89,21 @@ Status OrchestratorRunner::RunWithWorkers(int64_t search_id, Orchestrator* orche
 
 Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
                                const std::function<void()>& progress) {
-  KS_ASSIGN_OR_RETURN(store::SearchRow search, store_->GetSearch(search_id));
-  KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store_->GetProblem(search.problem_id));
-  nlohmann::json cj = nlohmann::json::parse(search.config_json, nullptr, /*allow_exceptions=*/false);
-  KS_ASSIGN_OR_RETURN(SearchConfig config, SearchConfigFromJson(cj));
-  std::optional<GpuFacts> gpu;
-  std::unique_ptr<CandidateEvaluator> evaluator;
+  // Set up as every search is (search/search_setup.h): the server refuses
+  // what the CLI refuses.
   const bool workers = options_.evaluator.spec == kWorkersEvaluator;
-  if (!workers) {
-    KS_ASSIGN_OR_RETURN(evaluator, MakeStoredProblemEvaluator(problem, options_.evaluator, &gpu));
-  }
-  // What this server's GPU measured, for the prompts of this search (the
-  // orchestrator reads it when the config holds no measured facts) and of
-  // split searches that name this GPU.
-  if (gpu) KS_RETURN_IF_ERROR(store_->PutGpuFacts(gpu->name, GpuFactsToJson(*gpu).dump(), search_id));
-  LlmConfig llm_config = options_.llm;
-  if (!config.model.empty()) llm_config.spec = config.model;
-  llm_config.cancel = stop;  // a shutdown or cancel also aborts calls in flight
-  llm_config.concurrency = config.llm_concurrency;
-  KS_ASSIGN_OR_RETURN(std::unique_ptr<LlmClient> llm, MakeRoutedLlmClient(llm_config, config.role_models));
+  SetupOptions so;
+  so.evaluator = options_.evaluator;
+  so.llm = options_.llm;
+  so.llm.cancel = stop;  // a shutdown or cancel also aborts calls in flight
+  KS_ASSIGN_OR_RETURN(std::unique_ptr<SearchSetup> setup, SearchSetup::Open(store_, search_id, so));
+  // This server's GPU computes and checks the reference before any model call;
+  // with GPU workers, they do (and the orchestrator leaves candidates pending).
+  if (!workers) KS_RETURN_IF_ERROR(setup->PrepareEvaluator());
   Orchestrator::Deps deps;
   deps.store = store_;
-  deps.llm = llm.get();
-  deps.evaluator = evaluator.get();
+  deps.llm = setup->llm();
+  deps.evaluator = setup->evaluator();
   deps.prompts = prompts_;
   deps.cancel = stop;
   // Watchers read the store; an event only says "look now".

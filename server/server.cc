@@ -77,6 +77,10 @@ Status Serve(const ServerOptions& o, const PartsFactory& make_parts) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o.listen, creds, &port);
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port would
+  // bind too, and clients would be split at random between two stores. One
+  // server owns its port; a second one fails here.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(o.limits.max_receive_bytes);
   grpc::ResourceQuota quota("kernelsearch");
@@ -85,7 +89,9 @@ Status Serve(const ServerOptions& o, const PartsFactory& make_parts) {
   builder.SetResourceQuota(quota);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Unavailable("cannot listen on " + o.listen + " (address in use or invalid?)");
+  if (!server || port == 0)
+    return Unavailable("cannot listen on " + o.listen +
+                       ": the address is in use (another `kernelsearch serve`? pick another with --listen) or invalid");
 
   hub.Start();
   KS_ASSIGN_OR_RETURN(int resumed, jobs.Start());

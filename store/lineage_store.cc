@@ -61,6 +61,8 @@ std::string PromptHash(const std::string& role, const std::string& system, const
 
 StatusOr<std::unique_ptr<LineageStore>> LineageStore::Open(const std::string& path, const Options& options) {
   if (path.empty()) return InvalidArgument("lineage store: empty path");
+  if (options.must_exist && !std::filesystem::exists(path))
+    return NotFound("no lineage store at " + path + " (a search creates it; pick one with --db or $KS_DB)");
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) {
     std::error_code ec;
@@ -170,6 +172,15 @@ Status LineageStore::SetSearchStatus(int64_t id, SearchStatus status, const std:
   std::lock_guard<std::mutex> lock(mu_);
   KS_STMT(u, std::string("UPDATE searches SET status = ?, stop_reason = ?, updated = ") + kNow + " WHERE id = ?");
   u.Bind(1, SearchStatusName(status)).Bind(2, stop_reason).Bind(3, id);
+  KS_RETURN_IF_ERROR(u.Run());
+  if (sqlite3_changes(db_.get()) == 0) return NotFound("no search with id " + std::to_string(id));
+  return Status::Ok();
+}
+
+Status LineageStore::SetSearchConfig(int64_t id, const std::string& config_json) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KS_STMT(u, std::string("UPDATE searches SET config_json = ?, updated = ") + kNow + " WHERE id = ?");
+  u.Bind(1, config_json).Bind(2, id);
   KS_RETURN_IF_ERROR(u.Run());
   if (sqlite3_changes(db_.get()) == 0) return NotFound("no search with id " + std::to_string(id));
   return Status::Ok();

@@ -198,6 +198,9 @@ class LineageStore {
     // Migrate only up to this version (tests build old files with it); 0 = latest.
     int max_schema_version = 0;
     int busy_timeout_ms = 10000;
+    // Readers (history, show, report): a missing file is NotFound naming it,
+    // rather than a new empty store that hides a typo in --db.
+    bool must_exist = false;
   };
 
   // Opens (creating when absent, with its parent folders) and migrates.
@@ -221,6 +224,9 @@ class LineageStore {
   StatusOr<int64_t> CreateSearch(int64_t problem_id, const std::string& config_json);
   StatusOr<SearchRow> GetSearch(int64_t id);
   Status SetSearchStatus(int64_t id, SearchStatus status, const std::string& stop_reason);
+  // Replaces the stored config (only what describes the environment changes
+  // after creation: measured GPU facts replacing datasheet or unknown ones).
+  Status SetSearchConfig(int64_t id, const std::string& config_json);
   Status SetBestCandidate(int64_t search_id, std::optional<int64_t> candidate_id);
   // Adds wall time spent on the search (atomically, so that processes working
   // on the same search add up rather than overwrite).

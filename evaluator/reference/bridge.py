@@ -1433,6 +1433,9 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
                     warnings.add_plain("output '%s' is identical for all %d input sets although the inputs differ: "
                                        "it does not depend on the inputs" % (spec["name"], sets))
 
+    # What makes the reference unable to judge (the GPU side of a search stops on
+    # these), apart from the timing warnings that follow.
+    degenerate = warnings.messages(sets)
     timing = {"eager": None, "compiled": None}
     if do_time and device.type == "cuda":
         import timing as ks_timing
@@ -1491,6 +1494,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         "sets": manifest_sets,
         "timing": timing,
         "warnings": warnings.messages(sets),
+        "degenerate": degenerate,
         "notes": notes.messages(sets),
         "scalars": scalars,
         # Wall seconds per phase of this bridge run, in order (not part of any result).

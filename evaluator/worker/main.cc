@@ -12,10 +12,16 @@
 
 #include "common/base64.h"
 #include "evaluator/compiler.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/worker_protocol.h"
 #include "evaluator/worker/worker_serve.h"
 
 namespace {
+
+ks::wire::CompileReply Compiled(const ks::wire::CompileRequest& req) {
+  ks::CompileResult r = ks::CompileWithNvrtc(req.source, req.arch.empty() ? "sm_90a" : req.arch,
+                                             req.cuda_home.empty() ? "/usr/local/cuda" : req.cuda_home);
+  return {r.ok, r.message, r.log, r.seconds, r.cubin, r.ptx};
+}
 
 int Compile() {
   std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
@@ -24,13 +30,12 @@ int Compile() {
     std::fprintf(stderr, "ks-worker compile: stdin is not a JSON request\n");
     return 2;
   }
-  ks::CompileResult r = ks::CompileWithNvrtc(req.value("source", ""), req.value("arch", "sm_90"),
-                                             req.value("cuda_home", "/usr/local/cuda"));
-  nlohmann::json out{{"ok", r.ok}, {"message", r.message}, {"log", r.log}, {"seconds", r.seconds}};
-  if (r.ok) {
-    out["cubin_b64"] = ks::Base64Encode(r.cubin);
-    out["ptx"] = r.ptx;
+  auto parsed = ks::wire::FromJson<ks::wire::CompileRequest>(req);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "ks-worker compile: %s\n", parsed.status().message().c_str());
+    return 2;
   }
+  nlohmann::json out = ks::wire::ToJson(Compiled(*parsed));
   std::string s = out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::fwrite(s.data(), 1, s.size(), stdout);
   return 0;
@@ -43,14 +48,11 @@ int CompileServer() {
   for (;;) {
     auto req = ks::ReceiveMessage(0, -1);
     if (!req.ok()) return 0;  // the evaluator went away
-    ks::CompileResult r = ks::CompileWithNvrtc((*req).value("source", ""), (*req).value("arch", "sm_90"),
-                                               (*req).value("cuda_home", "/usr/local/cuda"));
-    nlohmann::json out{{"ok", r.ok}, {"message", r.message}, {"log", r.log}, {"seconds", r.seconds}};
-    if (r.ok) {
-      out["cubin_b64"] = ks::Base64Encode(r.cubin);
-      out["ptx"] = r.ptx;
-    }
-    if (!ks::SendMessage(1, out).ok()) return 0;
+    auto parsed = ks::wire::FromJson<ks::wire::CompileRequest>(*req);
+    ks::wire::CompileReply reply;
+    if (parsed.ok()) reply = Compiled(*parsed);
+    else reply.message = "unreadable compile request: " + parsed.status().message();
+    if (!ks::SendMessage(1, ks::wire::ToJson(reply)).ok()) return 0;
   }
 }
 

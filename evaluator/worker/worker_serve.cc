@@ -13,7 +13,8 @@
 
 #include "common/base64.h"
 #include "evaluator/cuda_driver.h"
-#include "evaluator/worker_protocol.h"
+#include "evaluator/plan/launch_config.h"
+#include "evaluator/plan/worker_protocol.h"
 
 namespace ks {
 namespace {
@@ -24,27 +25,9 @@ constexpr size_t kGuardBytes = 4096;
 constexpr uint8_t kGuardByte = 0xCD;
 constexpr uint32_t kScratchFill = 0x7FC0FFEE;  // scratch is not zeroed: it holds junk (a NaN) at every run
 
-struct OutputRegion {
-  CUdeviceptr offset = 0;
-  size_t bytes = 0;
-  PoisonPattern poison;
-};
-
-struct ArgSpec {
-  enum Kind { kTensor, kScratch, kI32, kI64, kF32, kF64 } kind = kI32;
-  std::vector<uint64_t> offsets;  // tensor: arena offset per input set
-  int scratch = 0;
-  int64_t i = 0;
-  double f = 0;
-};
-
 struct LaunchSpec {
   CUfunction fn = nullptr;
-  std::string kernel;
-  unsigned grid[3], block[3];
-  unsigned shared = 0;
-  std::optional<std::array<unsigned, 3>> cluster;
-  std::vector<ArgSpec> args;
+  wire::Launch launch;
 };
 
 struct GlobalSnapshot {
@@ -59,6 +42,7 @@ struct Candidate {
   std::vector<DeviceBuffer> scratch;  // [guard][data][guard]
   std::vector<size_t> scratch_bytes;
   std::vector<GlobalSnapshot> globals;
+  std::vector<std::vector<CUtensorMap>> tensor_maps;  // [map][input set], encoded at load
 };
 
 class Worker {
@@ -66,18 +50,18 @@ class Worker {
   explicit Worker(const CudaDriver* d) : d_(d) {}
 
   json Handle(const json& req, bool* quit) {
-    std::string cmd = req.value("cmd", "");
-    if (cmd == "init") return Init(req);
-    if (cmd == "load") return Load(req);
-    if (cmd == "run") return Run(req);
-    if (cmd == "warm") return Warm(req);
-    if (cmd == "unload") {
+    const std::string cmd = wire::CommandOf(req);
+    if (cmd == wire::InitRequest::kCmd) return Dispatch<wire::InitRequest>(req, &Worker::Init);
+    if (cmd == wire::LoadRequest::kCmd) return Dispatch<wire::LoadRequest>(req, &Worker::Load);
+    if (cmd == wire::RunRequest::kCmd) return Dispatch<wire::RunRequest>(req, &Worker::Run);
+    if (cmd == wire::WarmRequest::kCmd) return Dispatch<wire::WarmRequest>(req, &Worker::Warm);
+    if (cmd == wire::UnloadRequest::kCmd) {
       cand_.reset();
-      return {{"ok", true}};
+      return wire::ToJson(wire::EmptyReply{});
     }
-    if (cmd == "quit") {
+    if (cmd == wire::QuitRequest::kCmd) {
       *quit = true;
-      return {{"ok", true}};
+      return wire::ToJson(wire::EmptyReply{});
     }
     return Fail("internal", "unknown request '" + cmd + "'");
   }
@@ -86,15 +70,24 @@ class Worker {
 
  private:
   static json Fail(const std::string& status, const std::string& message, bool fatal = false) {
-    return {{"ok", false}, {"status", status}, {"message", message}, {"fatal", fatal}};
+    return wire::ToJson(wire::ErrorReply{status, message, fatal});
   }
 
-  json Init(const json& req) {
-    auto ctx = PrimaryContext::Open(req.value("device", 0));
+  // Decodes the request into its struct and hands it to the handler, which
+  // answers with its reply's JSON or an error reply.
+  template <typename Req>
+  json Dispatch(const json& j, json (Worker::*handler)(const Req&)) {
+    auto req = wire::FromJson<Req>(j);
+    if (!req.ok()) return Fail("internal", std::string(Req::kCmd) + " request: " + req.status().message());
+    return (this->*handler)(*req);
+  }
+
+  json Init(const wire::InitRequest& req) {
+    auto ctx = PrimaryContext::Open(req.device);
     if (!ctx.ok()) return Fail("internal", ctx.status().message());
     ctx_ = std::move(*ctx);
     // Device printf is captured in the worker's log; a capped FIFO bounds a flood.
-    d_->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, req.value("printf_fifo_bytes", size_t{1} << 20));
+    d_->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, req.printf_fifo_bytes);
     // The device heap outlives a run, so a kernel could keep results in it.
     // The compiler refuses malloc/free/new (evaluator/compiler.cc); as a
     // second wall the heap is made as small as the driver allows, before any
@@ -103,16 +96,13 @@ class Worker {
     for (size_t want : {size_t{0}, size_t{1}, size_t{4096}})
       if (d_->cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, want) == CUDA_SUCCESS) break;
     if (d_->cuCtxGetLimit(&heap, CU_LIMIT_MALLOC_HEAP_SIZE) != CUDA_SUCCESS) heap = SIZE_MAX;
-    auto handle = Base64Decode(req.value("ipc", ""));
-    if (!handle.ok() || handle->size() != sizeof(CUipcMemHandle)) return Fail("internal", "bad IPC handle");
+    if (req.ipc_handle.size() != sizeof(CUipcMemHandle)) return Fail("internal", "bad IPC handle");
     CUipcMemHandle h;
-    std::memcpy(&h, handle->data(), sizeof h);
+    std::memcpy(&h, req.ipc_handle.data(), sizeof h);
     CUresult r = d_->cuIpcOpenMemHandle(&arena_, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     if (r != CUDA_SUCCESS) return Fail("internal", "cuIpcOpenMemHandle: " + d_->ErrorName(r));
-    for (const auto& o : req.value("outputs", json::array()))
-      outputs_.push_back({o["offset"].get<CUdeviceptr>(), o["bytes"].get<size_t>(),
-                          PoisonPattern{o["width"].get<int>(), o["pattern"].get<uint32_t>()}});
-    size_t flush = req.value("l2_flush_bytes", size_t{0});
+    outputs_ = req.outputs;
+    size_t flush = req.l2_flush_bytes;
     if (flush) {
       auto b = DeviceBuffer::Alloc(flush);
       if (!b.ok()) return Fail("internal", b.status().message());
@@ -120,10 +110,8 @@ class Worker {
     }
     // The timing pad: a helper kernel from the evaluator, launched after the
     // flush so the start event and this run's launches queue behind GPU work.
-    if (std::string b64 = req.value("pad_cubin", ""); !b64.empty()) {
-      auto image = Base64Decode(b64);
-      if (!image.ok()) return Fail("internal", "bad pad cubin encoding");
-      auto m = Module::Load(*image);
+    if (!req.helper_cubin.empty()) {
+      auto m = Module::Load(req.helper_cubin);
       if (!m.ok()) return Fail("internal", "loading the timing pad: " + m.status().message());
       auto f = m->Function("ks_timing_pad");
       if (!f.ok()) return Fail("internal", f.status().message());
@@ -131,11 +119,11 @@ class Worker {
       if (!scrub.ok()) return Fail("internal", scrub.status().message());
       pad_module_ = std::move(*m);
       pad_fn_ = *f;
-      pad_ns_ = req.value("pad_ns", uint64_t{0});
+      pad_ns_ = req.pad_ns;
       // Shared memory is not cleared between launches: one block per SM that
       // holds the opt-in maximum overwrites all of it before every run.
-      scrub_bytes_ = req.value("scrub_shared_bytes", 0u);
-      scrub_blocks_ = req.value("sms", 0u);
+      scrub_bytes_ = req.scrub_shared_bytes;
+      scrub_blocks_ = req.sms;
       if (scrub_bytes_ && scrub_blocks_) {
         CUresult r = d_->cuFuncSetAttribute(*scrub, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, scrub_bytes_);
         if (r != CUDA_SUCCESS) return Fail("internal", "shared-memory scrub: " + d_->ErrorName(r));
@@ -151,63 +139,32 @@ class Worker {
     after_ = std::move(*e2);
     CUdevice dev = ctx_.device();
     auto info = QueryDevice(dev);
-    return {{"ok", true}, {"device", info.ok() ? info->name : "?"}, {"pid", getpid()}, {"heap_bytes", heap}};
+    return wire::ToJson(wire::InitReply{info.ok() ? info->name : "?", getpid(), heap});
   }
 
-  json Load(const json& req) {
+  json Load(const wire::LoadRequest& req) {
     cand_.reset();
-    auto image = Base64Decode(req.value("cubin", ""));
-    if (!image.ok()) return Fail("internal", "bad cubin encoding");
     Candidate c;
-    auto m = Module::Load(*image);
+    auto m = Module::Load(req.cubin);
     if (!m.ok()) return Fail("launch_error", m.status().message());
     c.module = std::move(*m);
-    for (const auto& l : req["launches"]) {
+    wire::LoadReply reply;
+    for (const auto& l : req.launches) {
       LaunchSpec s;
-      s.kernel = l["kernel"];
-      auto fn = c.module.Function(s.kernel);
+      s.launch = l;
+      auto fn = c.module.Function(l.kernel);
       if (!fn.ok()) return Fail("launch_error", fn.status().message());
       s.fn = *fn;
-      for (int i = 0; i < 3; ++i) {
-        s.grid[i] = l["grid"][i].get<unsigned>();
-        s.block[i] = l["block"][i].get<unsigned>();
-      }
-      s.shared = l.value("shared", 0u);
-      if (l.contains("cluster") && l["cluster"].is_array())
-        s.cluster = std::array<unsigned, 3>{l["cluster"][0].get<unsigned>(), l["cluster"][1].get<unsigned>(),
-                                            l["cluster"][2].get<unsigned>()};
-      // Clusters above 8 blocks are legal on sm_90 only once the kernel opts in;
-      // the plan parser allows up to 16 (PlanLimits::max_cluster_size).
-      if (s.cluster && (*s.cluster)[0] * (*s.cluster)[1] * (*s.cluster)[2] > 8) {
-        CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
-        if (r != CUDA_SUCCESS)
-          return Fail("launch_error", s.kernel + ": this GPU does not allow clusters of more than 8 blocks: " +
-                                          d_->ErrorName(r));
-      }
-      if (s.shared > 48 * 1024) {
-        CUresult r = d_->cuFuncSetAttribute(s.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, s.shared);
-        if (r != CUDA_SUCCESS)
-          return Fail("launch_error", s.kernel + ": cannot raise dynamic shared memory to " +
-                                          std::to_string(s.shared) + " bytes: " + d_->ErrorName(r));
-      }
-      for (const auto& a : l["args"]) {
-        ArgSpec as;
-        std::string k = a["k"];
-        if (k == "tensor") { as.kind = ArgSpec::kTensor; as.offsets = a["offsets"].get<std::vector<uint64_t>>(); }
-        else if (k == "scratch") { as.kind = ArgSpec::kScratch; as.scratch = a["i"]; }
-        else if (k == "i32") { as.kind = ArgSpec::kI32; as.i = a["v"]; }
-        else if (k == "i64") { as.kind = ArgSpec::kI64; as.i = a["v"]; }
-        else if (k == "f32") { as.kind = ArgSpec::kF32; as.f = a["v"]; }
-        else if (k == "f64") { as.kind = ArgSpec::kF64; as.f = a["v"]; }
-        else return Fail("internal", "bad argument kind " + k);
-        s.args.push_back(std::move(as));
-      }
+      if (Status st = PrepareFunction(*d_, s.fn, l.shape, l.kernel); !st.ok()) return Fail("launch_error", st.message());
+      for (const auto& a : l.args)
+        if ((a.kind == wire::Arg::Kind::kScratch && (a.index < 0 || static_cast<size_t>(a.index) >= req.scratch_bytes.size())) ||
+            (a.kind == wire::Arg::Kind::kTensorMap && (a.index < 0 || static_cast<size_t>(a.index) >= req.tensor_maps.size())) ||
+            (a.kind == wire::Arg::Kind::kTensor && a.offsets.empty()))
+          return Fail("internal", l.kernel + ": an argument refers to nothing");
+      reply.occupancy.push_back(QueryOccupancy(*d_, s.fn, l.shape));
       c.launches.push_back(std::move(s));
     }
-    json occupancy = json::array();
-    for (const auto& s : c.launches) occupancy.push_back(KernelOccupancy(s));
-    for (const auto& b : req.value("scratch", json::array())) {
-      size_t bytes = b.get<size_t>();
+    for (uint64_t bytes : req.scratch_bytes) {
       auto buf = DeviceBuffer::Alloc(bytes + 2 * kGuardBytes);
       if (!buf.ok()) return Fail("launch_error", "scratch of " + std::to_string(bytes) + " bytes: " + buf.status().message());
       CUresult r = d_->cuMemsetD8(buf->get(), kGuardByte, bytes + 2 * kGuardBytes);
@@ -215,11 +172,18 @@ class Worker {
       c.scratch.push_back(std::move(*buf));
       c.scratch_bytes.push_back(bytes);
     }
+    for (size_t i = 0; i < req.tensor_maps.size(); ++i) {
+      auto maps = EncodeTensorMaps(req.tensor_maps[i], c);
+      if (!maps.ok())
+        return Fail("invalid_plan", "tensor_maps[" + std::to_string(i) + "] (" + req.tensor_maps[i].spec.name +
+                                        "): " + maps.status().message());
+      c.tensor_maps.push_back(std::move(*maps));
+    }
     // Module-scope variables persist across launches: snapshot them now and
     // restore before every run (stops caching results or counting calls in them).
-    for (const auto& g : req.value("globals", json::array())) {
+    for (const auto& g : req.globals) {
       GlobalSnapshot s;
-      s.name = g["name"];
+      s.name = g.name;
       size_t size = 0;
       if (d_->cuModuleGetGlobal(&s.ptr, &size, c.module.get(), s.name.c_str()) != CUDA_SUCCESS) continue;
       s.bytes.resize(size);
@@ -228,39 +192,27 @@ class Worker {
       c.globals.push_back(std::move(s));
     }
     cand_ = std::move(c);
-    return {{"ok", true}, {"globals", cand_->globals.size()}, {"occupancy", occupancy}};
+    reply.globals = cand_->globals.size();
+    return wire::ToJson(reply);
   }
 
-  // What the driver says of one launch's kernel at its block size and dynamic
-  // shared memory: resident blocks per SM, and the attributes that decide it.
-  // The evaluator names the limiting resource (evaluator/launch_profile.h).
-  json KernelOccupancy(const LaunchSpec& s) {
-    int threads = static_cast<int>(s.block[0] * s.block[1] * s.block[2]);
-    int blocks = -1, regs = -1, static_shared = -1;
-    if (d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, s.fn, threads, s.shared) != CUDA_SUCCESS) blocks = -1;
-    if (d_->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, s.fn) != CUDA_SUCCESS) regs = -1;
-    if (d_->cuFuncGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, s.fn) != CUDA_SUCCESS)
-      static_shared = -1;
-    json out{{"blocks_per_sm", blocks}, {"threads", threads}, {"registers", regs},
-             {"static_shared", static_shared}, {"dynamic_shared", s.shared}};
-    // A cluster's blocks must be resident together on one GPC, which the
-    // per-SM figure cannot show: ask how many clusters fit on the whole GPU.
-    if (s.cluster) {
-      CUlaunchAttribute attr;
-      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attr.value.clusterDim.x = (*s.cluster)[0];
-      attr.value.clusterDim.y = (*s.cluster)[1];
-      attr.value.clusterDim.z = (*s.cluster)[2];
-      CUlaunchConfig cfg{};
-      cfg.gridDimX = s.grid[0]; cfg.gridDimY = s.grid[1]; cfg.gridDimZ = s.grid[2];
-      cfg.blockDimX = s.block[0]; cfg.blockDimY = s.block[1]; cfg.blockDimZ = s.block[2];
-      cfg.sharedMemBytes = s.shared;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = -1;
-      if (d_->cuOccupancyMaxActiveClusters(&clusters, s.fn, &cfg) != CUDA_SUCCESS) clusters = -1;
-      out["cluster_size"] = (*s.cluster)[0] * (*s.cluster)[1] * (*s.cluster)[2];
-      out["max_active_clusters"] = clusters;
+  // One CUtensorMap per input set (one for scratch), encoded by the driver
+  // on this process's own mapping of the arena: the address in a map is a
+  // virtual address of the context that uses it. The spec was checked by the
+  // plan parser; the address rule and the driver's own verdict are checked here.
+  StatusOr<std::vector<CUtensorMap>> EncodeTensorMaps(const wire::TensorMap& t, const Candidate& c) {
+    std::vector<CUdeviceptr> bases;
+    if (t.scratch >= 0) {
+      if (static_cast<size_t>(t.scratch) >= c.scratch.size()) return Internal("no such scratch buffer");
+      bases.push_back(c.scratch[t.scratch].get() + kGuardBytes);
+    } else {
+      for (uint64_t off : t.offsets) bases.push_back(arena_ + off);
+    }
+    if (bases.empty()) return Internal("a tensor map with no address");
+    std::vector<CUtensorMap> out;
+    for (CUdeviceptr base : bases) {
+      KS_ASSIGN_OR_RETURN(CUtensorMap m, EncodeTensorMap(*d_, t.spec, base));
+      out.push_back(m);
     }
     return out;
   }
@@ -269,10 +221,10 @@ class Worker {
   // from a timed one: all runs are both. A run with "split" also records an
   // event between launches, for the time of each launch on its own; the
   // evaluator never counts such a run in the plan's timing.
-  json Run(const json& req) {
+  json Run(const wire::RunRequest& req) {
     if (!cand_) return Fail("internal", "run without a loaded candidate");
-    size_t set = req.value("set", 0);
-    bool split = req.value("split", false);
+    const size_t set = req.set;
+    const bool split = req.split;
     Candidate& c = *cand_;
     if (split && between_.size() < c.launches.size() + 1) {
       while (between_.size() < c.launches.size() + 1) {
@@ -300,19 +252,18 @@ class Worker {
     float ms = 0, device_wide = 0;
     d_->cuEventElapsedTime(&ms, start_.get(), end_.get());
     d_->cuEventElapsedTime(&device_wide, start_.get(), after_.get());
-    json changed = json::array();
-    if (auto bad = AfterChecks(&changed)) return *bad;
-    json reply{{"ok", true}, {"ms", ms}, {"ms_device", device_wide}, {"state_changed", changed}};
+    wire::RunReply reply;
+    reply.ms = ms;
+    reply.ms_device = device_wide;
+    if (auto bad = AfterChecks(&reply.state_changed)) return *bad;
     if (split) {
-      json launch_ms = json::array();
       for (size_t li = 0; li < c.launches.size(); ++li) {
         float t = 0;
         d_->cuEventElapsedTime(&t, between_[li].get(), between_[li + 1].get());
-        launch_ms.push_back(t);
+        reply.launch_ms.push_back(t);
       }
-      reply["launch_ms"] = launch_ms;
     }
-    return reply;
+    return wire::ToJson(reply);
   }
 
   // Warm-up: `runs` runs of the plan back to back, input sets in turn from
@@ -322,19 +273,20 @@ class Worker {
   // pad, which only matter to a figure and none is taken here. The checks
   // that follow a run (scratch guards, globals) are made once, after the last
   // run; the evaluator then verifies the last run's outputs and every input set.
-  json Warm(const json& req) {
+  json Warm(const wire::WarmRequest& req) {
     if (!cand_) return Fail("internal", "warm-up without a loaded candidate");
-    int runs = req.value("runs", 0);
-    size_t sets = std::max<size_t>(1, req.value("sets", size_t{1}));
-    size_t first = req.value("first_set", size_t{0});
+    const int runs = req.runs;
+    const size_t sets = std::max<size_t>(1, req.sets);
+    const size_t first = req.first_set;
     for (int i = 0; i < runs; ++i) {
       if (auto bad = Prepare(/*timed=*/false)) return *bad;
       if (auto bad = LaunchPlan((first + i) % sets, /*split=*/false)) return *bad;
     }
     if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("running the plan", r);
-    json changed = json::array();
-    if (auto bad = AfterChecks(&changed)) return *bad;
-    return {{"ok", true}, {"runs", runs}, {"state_changed", changed}};
+    wire::WarmReply reply;
+    reply.runs = runs;
+    if (auto bad = AfterChecks(&reply.state_changed)) return *bad;
+    return wire::ToJson(reply);
   }
 
   // Before a run: globals restored, scratch refilled with junk, outputs
@@ -381,58 +333,50 @@ class Worker {
   // The plan's launches on input set `set` (split: an event after each).
   std::optional<json> LaunchPlan(size_t set, bool split) {
     Candidate& c = *cand_;
-    std::vector<std::array<unsigned char, 8>> storage;
+    // One slot per argument, each large and aligned enough for a CUtensorMap
+    // (128 bytes, 64-byte aligned); the driver copies the parameter's own size.
+    struct alignas(64) Slot { unsigned char bytes[128]; };
+    std::vector<Slot> storage;
     std::vector<void*> params;
     for (size_t li = 0; li < c.launches.size(); ++li) {
       const LaunchSpec& l = c.launches[li];
-      storage.assign(l.args.size(), {});
-      params.assign(l.args.size(), nullptr);
-      for (size_t i = 0; i < l.args.size(); ++i) {
-        const ArgSpec& a = l.args[i];
-        unsigned char* p = storage[i].data();
+      const auto& args = l.launch.args;
+      storage.assign(args.size(), Slot{});
+      params.assign(args.size(), nullptr);
+      for (size_t i = 0; i < args.size(); ++i) {
+        const wire::Arg& a = args[i];
+        unsigned char* p = storage[i].bytes;
         switch (a.kind) {
-          case ArgSpec::kTensor: {
+          case wire::Arg::Kind::kTensor: {
             uint64_t off = a.offsets.size() > set ? a.offsets[set] : a.offsets[0];
             CUdeviceptr v = arena_ + off;
             std::memcpy(p, &v, 8);
             break;
           }
-          case ArgSpec::kScratch: {
-            CUdeviceptr v = c.scratch[a.scratch].get() + kGuardBytes;
+          case wire::Arg::Kind::kScratch: {
+            CUdeviceptr v = c.scratch[a.index].get() + kGuardBytes;
             std::memcpy(p, &v, 8);
             break;
           }
-          case ArgSpec::kI32: { int32_t v = static_cast<int32_t>(a.i); std::memcpy(p, &v, 4); break; }
-          case ArgSpec::kI64: { int64_t v = a.i; std::memcpy(p, &v, 8); break; }
-          case ArgSpec::kF32: { float v = static_cast<float>(a.f); std::memcpy(p, &v, 4); break; }
-          case ArgSpec::kF64: { double v = a.f; std::memcpy(p, &v, 8); break; }
+          case wire::Arg::Kind::kTensorMap: {
+            const auto& maps = c.tensor_maps[a.index];
+            std::memcpy(p, &maps[maps.size() > set ? set : 0], sizeof(CUtensorMap));
+            break;
+          }
+          case wire::Arg::Kind::kI32: { int32_t v = static_cast<int32_t>(a.i); std::memcpy(p, &v, 4); break; }
+          case wire::Arg::Kind::kI64: { int64_t v = a.i; std::memcpy(p, &v, 8); break; }
+          case wire::Arg::Kind::kF32: { float v = static_cast<float>(a.f); std::memcpy(p, &v, 4); break; }
+          case wire::Arg::Kind::kF64: { double v = a.f; std::memcpy(p, &v, 8); break; }
         }
         params[i] = p;
       }
-      CUresult r;
-      if (l.cluster) {
-        CUlaunchAttribute attr;
-        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim.x = (*l.cluster)[0];
-        attr.value.clusterDim.y = (*l.cluster)[1];
-        attr.value.clusterDim.z = (*l.cluster)[2];
-        CUlaunchConfig cfg{};
-        cfg.gridDimX = l.grid[0]; cfg.gridDimY = l.grid[1]; cfg.gridDimZ = l.grid[2];
-        cfg.blockDimX = l.block[0]; cfg.blockDimY = l.block[1]; cfg.blockDimZ = l.block[2];
-        cfg.sharedMemBytes = l.shared;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        r = d_->cuLaunchKernelEx(&cfg, l.fn, params.data(), nullptr);
-      } else {
-        r = d_->cuLaunchKernel(l.fn, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared,
-                               nullptr, params.data(), nullptr);
-      }
+      CUresult r = Launch(*d_, l.fn, l.launch.shape, params.data(), nullptr);
       if (r != CUDA_SUCCESS) {
         // A launch refused up front (too many resources, bad config) leaves the
         // context usable; anything sticky shows up at the synchronize.
         CUresult s = d_->cuCtxSynchronize();
-        if (s != CUDA_SUCCESS) return Sticky("launching " + l.kernel, s);
-        return Fail("launch_error", "launching " + l.kernel + ": " + d_->ErrorName(r));
+        if (s != CUDA_SUCCESS) return Sticky("launching " + l.launch.kernel, s);
+        return Fail("launch_error", "launching " + l.launch.kernel + ": " + d_->ErrorName(r));
       }
       if (split) d_->cuEventRecord(between_[li + 1].get(), nullptr);
     }
@@ -441,7 +385,7 @@ class Worker {
 
   // After a run (synchronized): the scratch guards, and the globals, which
   // must hold their load-time values again (names that do not go in *changed).
-  std::optional<json> AfterChecks(json* changed) {
+  std::optional<json> AfterChecks(std::vector<std::string>* changed) {
     Candidate& c = *cand_;
     // Guard regions around scratch: a write past either end is a memory error.
     std::string guard(kGuardBytes, '\0');
@@ -476,7 +420,7 @@ class Worker {
   const CudaDriver* d_;
   PrimaryContext ctx_;
   CUdeviceptr arena_ = 0;
-  std::vector<OutputRegion> outputs_;
+  std::vector<wire::OutputRegion> outputs_;
   DeviceBuffer flush_;
   Module pad_module_;
   CUfunction pad_fn_ = nullptr;
@@ -502,7 +446,7 @@ int WorkerServe(int argc, char** argv) {
   signal(SIGXFSZ, SIG_IGN);
   auto d = CudaDriver::Get();
   if (!d.ok()) {
-    (void)SendMessage(proto_fd, {{"ok", false}, {"status", "internal"}, {"message", d.status().message()}, {"fatal", true}});
+    (void)SendMessage(proto_fd, wire::ToJson(wire::ErrorReply{"internal", d.status().message(), true}));
     return 3;
   }
   Worker w(*d);

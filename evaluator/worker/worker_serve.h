@@ -4,8 +4,10 @@
 // on request, timing each run with device events. It never sees reference
 // outputs: they live only in the trusted process's own allocations.
 //
-// Requests (one JSON message each, worker_protocol.h): init, load, run, unload,
-// quit. A sticky CUDA error (illegal address, ...) is reported and then the
+// Requests (typed structs with one encoding, evaluator/plan/worker_protocol.h):
+// init, load (the module, the resolved plan, its scratch and TMA tensor maps,
+// which are encoded here since a map holds an address of this process), run,
+// warm, unload, quit. A sticky CUDA error (illegal address, ...) is reported and then the
 // worker exits: its context is unusable, and the evaluator starts a new one.
 #pragma once
 

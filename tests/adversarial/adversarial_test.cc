@@ -44,7 +44,7 @@ const std::vector<Expectation>& ScaleCases() {
       {"15_half_precision", "incorrect", "elements wrong"},
       {"16_absurd_grid", "invalid_plan", "grid.x = 2147483648"},
       {"17_terabyte_scratch", "invalid_plan", "exceeds the scratch limit"},
-      {"18_static_smem_200k", "compile_error", "too much shared data"},
+      {"18_static_smem_240k", "compile_error", "too much shared data"},
       {"20_template_bomb", "compile_error", "timed out"},
       {"21_include_passwd", "compile_error", "outside the CUDA include tree"},
       {"22_device_launch", "compile_error", ""},

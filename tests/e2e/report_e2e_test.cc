@@ -17,6 +17,7 @@
 #include "common/files.h"
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
+#include "store/lineage_store.h"
 
 namespace ks {
 namespace {
@@ -145,6 +146,14 @@ TEST(ReportCliTest, BadTargetsSayWhatIsWrong) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("ks_report_cli_" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);
   SubprocessOptions o;
+  // A store that does not exist is named, not created empty (issue 22).
+  o.argv = {kBinary, "report", "1", "--db", dir + "/missing.db", "--out", dir + "/x.html"};
+  auto missing = RunSubprocess(o);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->exit_code, 2) << missing->err;
+  EXPECT_NE(missing->err.find("no lineage store at " + dir + "/missing.db"), std::string::npos) << missing->err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/missing.db"));
+  ASSERT_TRUE(store::LineageStore::Open(dir + "/empty.db").ok());
   o.argv = {kBinary, "report", "no_such_problem", "--db", dir + "/empty.db", "--out", dir + "/x.html"};
   auto r = RunSubprocess(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

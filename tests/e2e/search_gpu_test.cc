@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
+#include "tests/test_paths.h"
 #include "common/subprocess.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
@@ -30,11 +31,11 @@ TEST(SearchGpuTest, TwoRoundSoftmaxSearchBeatsEagerAndItsExportMatches) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string db = (dir / "ks.db").string();
-  const std::string problem = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/softmax_small.py";
-  const std::string transcript = std::string(KS_SOURCE_DIR) + "/tests/e2e/fixtures/softmax_search.jsonl";
+  const std::string problem = ks::testing::SourceDir() + "/tests/evaluator/gpu_fixtures/softmax_small.py";
+  const std::string transcript = ks::testing::SourceDir() + "/tests/e2e/fixtures/softmax_search.jsonl";
 
   SubprocessOptions search;
-  search.argv = {KS_CLI_BINARY, "search", problem, "--model", "replay:" + transcript, "--replay-loose",
+  search.argv = {ks::testing::CliBinary(), "search", problem, "--model", "replay:" + transcript, "--replay-loose",
                  "--rounds", "1", "--ideas", "2", "--branches", "2", "--beam", "1", "--repair", "0",
                  "--db", db, "--quiet"};
   search.timeout_s = 540;
@@ -73,7 +74,7 @@ TEST(SearchGpuTest, TwoRoundSoftmaxSearchBeatsEagerAndItsExportMatches) {
 
   const std::string out = (dir / "export").string();
   SubprocessOptions ex;
-  ex.argv = {KS_CLI_BINARY, "export", std::to_string(b.id), "--db", db, "--out", out};
+  ex.argv = {ks::testing::CliBinary(), "export", std::to_string(b.id), "--db", db, "--out", out};
   ex.timeout_s = 180;
   auto exported = RunSubprocess(ex);
   ASSERT_TRUE(exported.ok());

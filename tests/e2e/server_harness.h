@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +32,8 @@ inline constexpr char kModelScript[] = R"SH(#!/bin/sh
 # A stand-in model: ideas as a JSON list, kernels carrying FAKE_MS markers for
 # the scripted evaluator. Each implementation differs (random time).
 p=$(cat | sha256sum | cut -c1-8)
+# Each call counted where the model is (tests of cancel count calls made after it).
+[ -n "$KS_TEST_LLM_COUNT" ] && echo "$KS_LLM_ROLE" >> "$KS_TEST_LLM_COUNT"
 sleep ${KS_TEST_LLM_SLEEP:-0}
 if [ "$KS_LLM_ROLE" = ideas ]; then
   printf '```json\n[{"title": "a-%s", "idea": "tile it %s"}, {"title": "b-%s", "idea": "vectorize it %s"}]\n```\n' $p $p $p $p
@@ -45,6 +48,7 @@ struct HarnessOptions {
   double llm_sleep_s = 0;      // per model call
   double eval_delay_ms = 0;    // per candidate
   std::string evaluator = "";  // "" = the scripted one with the options above
+  bool check_reference = false;  // the scripted one checks the reference with the real bridge (needs torch)
   std::vector<std::string> extra_args;
 };
 
@@ -59,7 +63,8 @@ class ServerHarness {
     Check(WriteFile(Path("token"), token_ + "\n"));
     Check(WriteFile(Path("model.sh"), kModelScript));
     std::filesystem::permissions(Path("model.sh"), std::filesystem::perms::owner_all);
-    nlohmann::json ev = {{"delay_ms", opts_.eval_delay_ms}, {"log", Path("evaluated.log")}};
+    nlohmann::json ev = {{"delay_ms", opts_.eval_delay_ms}, {"log", Path("evaluated.log")},
+                         {"check_reference", opts_.check_reference}};
     Check(WriteFile(Path("evaluator.json"), ev.dump()));
   }
   ~ServerHarness() {
@@ -100,7 +105,8 @@ class ServerHarness {
     argv.push_back("--evaluator");
     argv.push_back(opts_.evaluator.empty() ? "fake:" + Path("evaluator.json") : opts_.evaluator);
     for (const auto& a : opts_.extra_args) argv.push_back(a);
-    std::map<std::string, std::string> env = {{"KS_TEST_LLM_SLEEP", std::to_string(opts_.llm_sleep_s)}};
+    std::map<std::string, std::string> env = {{"KS_TEST_LLM_SLEEP", std::to_string(opts_.llm_sleep_s)},
+                                              {"KS_TEST_LLM_COUNT", Path("llm_calls.log")}};
     auto child = ChildProcess::Start(argv, env, Path("server.log." + std::to_string(starts_++)));
     Check(child.status());
     child_ = std::move(child).value();
@@ -151,6 +157,13 @@ class ServerHarness {
     }
     return all;
   }
+  // Model calls started so far (the model script counts them).
+  size_t LlmCallsStarted() const {
+    auto text = ReadFile(Path("llm_calls.log"));
+    if (!text.ok()) return 0;
+    return static_cast<size_t>(std::count(text->begin(), text->end(), '\n'));
+  }
+
   // Lines of the scripted evaluator's log: one content hash per evaluation.
   std::vector<std::string> Evaluated() const {
     std::vector<std::string> out;

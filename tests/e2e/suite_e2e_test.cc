@@ -81,8 +81,10 @@ class SuiteE2eTest : public ::testing::Test {
     ASSERT_TRUE(WriteFile(Path(name), text).ok());
   }
   std::string EvaluatorSpec(const std::string& name, const std::string& log, double delay_ms) {
+    // check_reference: the fake stands for the GPU side, which refuses a
+    // degenerate reference (the real bridge, on the CPU).
     nlohmann::json j = {{"log", log}, {"delay_ms", delay_ms}, {"eager_ms", 2.0}, {"compile_ms", 1.0},
-                        {"floor_ms", 0.05}};
+                        {"floor_ms", 0.05}, {"check_reference", true}};
     Write(name, j.dump());
     return "fake:" + Path(name);
   }

@@ -232,3 +232,56 @@ TEST(CompilerTest, AtomicsAreSeenInThePtx) {
 
 }  // namespace
 }  // namespace ks
+
+namespace ks {
+namespace {
+
+// Issue 23: Hopper's arch-specific instructions assemble only for the
+// arch-specific target, which candidates compile for on a 9.0 GPU.
+constexpr const char* kHopperOnly = R"(
+extern "C" __global__ void __launch_bounds__(128, 1) k(float* out, unsigned long long da, unsigned long long db) {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  asm volatile("wgmma.fence.sync.aligned;");
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
+               " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(da), "l"(db), "r"(1));
+  asm volatile("wgmma.commit_group.sync.aligned;");
+  asm volatile("wgmma.wait_group.sync.aligned 0;");
+  out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];
+}
+)";
+
+TEST(CompilerTest, WgmmaAndSetmaxnregAssembleOnlyForTheArchSpecificTarget) {
+  CompileOptions o = Opts();
+  o.arch = "sm_90a";
+  auto r = CompileCandidate(kHopperOnly, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok) << r->message << "\n" << r->log;
+  EXPECT_THAT(r->log, HasSubstr("for 'sm_90a'"));
+  o.arch = "sm_90";
+  r = CompileCandidate(kHopperOnly, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->ok);
+  EXPECT_THAT(r->message, HasSubstr("not supported on .target 'sm_90'"));
+}
+
+TEST(CompilerTest, TheArchSpecificTargetOfEachArchitecture) {
+  EXPECT_EQ(ArchSpecificTarget("sm_90"), "sm_90a");
+  EXPECT_EQ(ArchSpecificTarget("sm_100"), "sm_100a");
+  EXPECT_EQ(ArchSpecificTarget("sm_120"), "sm_120a");
+  EXPECT_EQ(ArchSpecificTarget("sm_90a"), "sm_90a");  // already one
+  EXPECT_EQ(ArchSpecificTarget("sm_89"), "sm_89");    // none before 9.0
+  EXPECT_EQ(ArchSpecificTarget("sm_80"), "sm_80");
+  EXPECT_TRUE(IsArchSpecific("sm_90a"));
+  EXPECT_FALSE(IsArchSpecific("sm_90"));
+  EXPECT_EQ(TargetArch("sm_100a"), "sm_100");
+  EXPECT_EQ(TargetArch("sm_90"), "sm_90");
+  // compile --arch takes both forms, and nothing else.
+  CompileOptions o = Opts();
+  o.arch = "compute_90a";
+  EXPECT_FALSE(CompileCandidate("extern \"C\" __global__ void k() {}", o).ok());
+}
+
+}  // namespace
+}  // namespace ks

@@ -1,4 +1,4 @@
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -141,8 +141,8 @@ TEST(PlanTest, BadPlansGetPreciseMessages) {
                            "scratch": [{"name": "x", "bytes": 4}]})"),
               HasSubstr("collides with a tensor"));
   EXPECT_THAT(PlanError(R"({"launches": [{"kernel": "row_stats", "grid": [1], "block": [1], "args": ["x", "x", 1, 1]}],
-                           "tensor_maps": []})"),
-              HasSubstr("not supported"));
+                           "tensor_map": []})"),
+              HasSubstr("unknown key \"tensor_map\""));
 }
 
 TEST(PlanTest, ClusterShapeIsChecked) {

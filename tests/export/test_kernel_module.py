@@ -48,7 +48,7 @@ def module(tmp_path_factory):
               "SOURCE": SOURCE, "PLAN": json.dumps(PLAN), "SIGNATURE": json.dumps(SIGNATURE),
               "KERNELS": json.dumps(KERNELS), "RESOLVED": json.dumps(resolved),
               "NVRTC_OPTIONS": json.dumps(["--std=c++17"]), "PRELUDE_NAME": "ks_prelude.h",
-              "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda"}
+              "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda", "TARGET": "sm_90a"}
     (d / "kernel_module.py").write_text(render((EXPORT_DIR / "kernel_module.py").read_text(), values))
     spec = importlib.util.spec_from_file_location("kernel_module", d / "kernel_module.py")
     mod = importlib.util.module_from_spec(spec)
@@ -60,7 +60,7 @@ def test_the_template_has_only_known_placeholders():
     text = (EXPORT_DIR / "kernel_module.py").read_text()
     assert set(re.findall(r"@@([A-Z_]+)@@", text)) == {
         "ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED", "NVRTC_OPTIONS",
-        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME"}
+        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET"}
 
 
 def test_the_values_arrive_as_they_were(module):
@@ -72,6 +72,7 @@ def test_the_values_arrive_as_they_were(module):
     assert module.PRELUDE_NAME == "ks_prelude.h"
     assert module.PRELUDE == "#define KS 1\n"
     assert module.EXPORT_CUDA_HOME == "/nonexistent/cuda"
+    assert module.TARGET == "sm_90a"
     assert module.__doc__.startswith("kernelsearch export: candidate 42 of problem ln  small  "
                                      "(correct, 1.50x over PyTorch eager).")
 
@@ -87,6 +88,26 @@ def test_the_plan_resolves_as_the_evaluator_did(module):
     env = module._plan.env_from_signature(module.SIGNATURE)
     assert module._plan.resolve_plan(module.PLAN, module.KERNELS, env) == module.RESOLVED
     assert module.RESOLVED["launches"][0]["grid"] == [4, 1, 1]
+
+
+def test_an_arch_specific_target_runs_only_on_its_architecture(module):
+    # sm_90a (wgmma, setmaxnreg) is kept on an H100 and refused elsewhere, with the reason.
+    assert module.target_for(9, 0) == "sm_90a"
+    for major, minor in ((8, 0), (10, 0), (12, 0)):
+        with pytest.raises(RuntimeError, match=r"compiled for sm_90a, an arch-specific target.*this GPU is sm_%d%d"
+                           % (major, minor)):
+            module.target_for(major, minor)
+    # A portable target (older records) compiles for whatever GPU runs it.
+    assert module.target_for(8, 6, "sm_90") == "sm_86"
+    assert module.target_for(10, 0, "sm_100a") == "sm_100a"
+
+
+def test_tensor_map_descriptors_are_64_byte_aligned(module):
+    import ctypes
+    for _ in range(8):
+        p = module._TensorMapParam()
+        assert p.address() % 64 == 0
+        assert ctypes.sizeof(p.map) == 128
 
 
 def test_cpu_tensors_are_refused(module):

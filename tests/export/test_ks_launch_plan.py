@@ -1,5 +1,5 @@
 """export/ks_launch_plan.py on its own: the launch-plan rules of
-evaluator/launch_plan.cc, in pure Python (no torch). That the two agree on many
+evaluator/plan/launch_plan.cc, in pure Python (no torch). That the two agree on many
 plans is export_test's (PythonPlanRulesAgreeWithTheEvaluator and
 PythonPlanRulesAgreeOnGeneratedPlans)."""
 import pytest
@@ -183,7 +183,8 @@ def launch(**kw):
     (launch(args=["x"]), "1 args given"),
     ({"launches": []}, "non-empty"),
     ({"launches": [launch()["launches"][0]] * 65}, "limit is 64"),
-    (dict(launch(), tensor_maps=[]), "tensor_maps"),
+    (dict(launch(), tensor_map=[]), 'unknown key "tensor_map"'),
+    (dict(launch(args=["tm"]), tensor_maps=[{"name": "tm", "tensor": "x", "box": [512]}]), "box"),
     (dict(launch(), scratch=[{"name": "x", "bytes": 8}]), "collides"),
     (dict(launch(), scratch=[{"name": "s", "bytes": 0}]), "positive"),
     (dict(launch(), scratch=[{"name": "s", "bytes": 8}, {"name": "s", "bytes": 8}]), "duplicate"),
@@ -200,3 +201,45 @@ def test_clusters_and_scalar_dims(env):
     assert r["launches"][0]["grid"] == [8, 1, 1]
     assert r["launches"][0]["block"] == [32, 1, 1]
     assert r["launches"][0]["cluster"] == [2, 1, 1]
+
+
+# ---- TMA tensor maps (the evaluator's tensor_map.cc; export_test compares the two) ----
+
+def _sig_env():
+    env = lp.Env()
+    env.add_tensor("A", (256, 512), "bfloat16")
+    env.add_tensor("out", (256, 128), "float32")
+    return env
+
+
+def test_a_tensor_map_takes_its_defaults_from_the_tensor():
+    m = lp.resolve_tensor_map({"name": "tmA", "tensor": "A", "box": [64, 128], "swizzle": "128B"}, _sig_env(), {})
+    assert m == {"name": "tmA", "tensor": "A", "scratch": False, "target_bytes": 256 * 512 * 2, "dtype": 9,
+                 "dims": [512, 256], "byte_strides": [1024], "box": [64, 128], "element_strides": [1, 1],
+                 "interleave": 0, "swizzle": 3, "l2_promotion": 0, "oob_fill": 0}
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"name": "t", "tensor": "A", "box": [64, 512]}, r"box\[1\] = 512 is outside 1..256"),
+    ({"name": "t", "tensor": "A", "box": [128, 64], "swizzle": "128B"}, "wider than the 128B swizzle span"),
+    ({"name": "t", "tensor": "A", "box": [4, 64]}, "not a multiple of 16 bytes"),
+    ({"name": "t", "tensor": "A", "dims": [512, 255], "byte_strides": [1000], "box": [64, 64]},
+     r"byte_strides\[0\] = 1000 is not a multiple of 16"),
+    ({"name": "t", "tensor": "A", "dims": [512, 257], "box": [64, 64]}, "stay inside the tensor"),
+    ({"name": "t", "tensor": "A", "dtype": "float32", "box": [8, 8]}, "is 4 bytes but 'A' is bfloat16"),
+    ({"name": "t", "tensor": "s", "box": [8]}, 'give "dtype" and "dims"'),
+    ({"name": "t", "tensor": "A", "box": [8, 8], "swizle": "none"}, 'unknown key "swizle"'),
+])
+def test_each_tensor_map_rule_is_named(entry, message):
+    with pytest.raises(lp.PlanError, match=message):
+        lp.resolve_tensor_map(entry, _sig_env(), {"s": 4096})
+
+
+def test_a_tensor_map_argument_needs_a_128_byte_parameter():
+    plan = {"tensor_maps": [{"name": "tm", "tensor": "A", "box": [64, 64]}],
+            "launches": [{"kernel": "k", "grid": [1], "block": [128], "args": ["tm", "out"]}]}
+    r = lp.resolve_plan(plan, {"k": ["bytes128", "b64"]}, _sig_env())
+    assert r["launches"][0]["args"][0] == {"kind": "tensor_map", "name": "tm"}
+    assert r["tensor_maps"][0]["name"] == "tm"
+    with pytest.raises(lp.PlanError, match="CUtensorMap"):
+        lp.resolve_plan(plan, {"k": ["b64", "b64"]}, _sig_env())

@@ -165,6 +165,35 @@ TEST(LlmCommandTest, EchoStyleCommand) {
   EXPECT_EQ(rec.attempts, 1);
 }
 
+// Issue 22: a command: model's calls count tokens and cost like any other,
+// estimated from the text unless the command reports its usage.
+TEST(LlmCommandTest, TokensAreEstimatedOrReportedAndPriced) {
+  LlmConfig c;
+  c.spec = "command:cat >/dev/null; printf '%0400d' 0";  // 400 characters out
+  c.timeout_s = 30;
+  c.price_in_per_mtok = 3;
+  c.price_out_per_mtok = 15;
+  auto client = MakeLlmClient(c);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  LlmCallRecord rec;
+  LlmRequest req = Req("implement", std::string(800, 'p'));
+  auto r = (*client)->Complete(req, &rec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(rec.tokens_out, 100);
+  EXPECT_EQ(rec.tokens_in, static_cast<int64_t>((req.system.size() + 3) / 4) + 200);
+  EXPECT_NEAR(rec.cost_usd, (rec.tokens_in * 3.0 + rec.tokens_out * 15.0) / 1e6, 1e-12);
+  EXPECT_GT(rec.cost_usd, 0);
+
+  c.spec = "command:cat >/dev/null; echo '{\"tokens_in\": 1234, \"tokens_out\": 56}' > \"$KS_LLM_USAGE_FILE\"; echo ok";
+  auto reporting = MakeLlmClient(c);
+  ASSERT_TRUE(reporting.ok());
+  LlmCallRecord rec2;
+  ASSERT_TRUE((*reporting)->Complete(req, &rec2).ok());
+  EXPECT_EQ(rec2.tokens_in, 1234);
+  EXPECT_EQ(rec2.tokens_out, 56);
+  EXPECT_NEAR(rec2.cost_usd, (1234 * 3.0 + 56 * 15.0) / 1e6, 1e-12);
+}
+
 TEST(LlmCommandTest, OverrunningCommandIsKilled) {
   LlmConfig c;
   c.spec = "command:sleep 20";

@@ -6,7 +6,8 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/compiler.h"
+#include "evaluator/plan/launch_plan.h"
 #include "search/prompt_template.h"
 #include "search/prompts.h"
 
@@ -32,6 +33,7 @@ TEST(ContractTest, EveryKeyThePlanParserAcceptsIsDocumented) {
   check(kPlanKeys, "plan");
   check(kLaunchKeys, "launch");
   check(kScratchKeys, "scratch");
+  check(kTensorMapKeys, "tensor map");
 }
 
 // The lists above are what the parser accepts: a plan that uses every listed
@@ -52,7 +54,14 @@ TEST(ContractTest, TheKeyListsAreTheParsersOwn) {
   nlohmann::json launch = {{"kernel", "k"}, {"grid", {2}}, {"block", {64}}, {"shared_bytes", "0"},
                            {"args", {"x", "out", "tmp"}}, {"cluster", {2}}};
   nlohmann::json scratch = {{"name", "tmp"}, {"bytes", "x.numel * 4"}};
-  nlohmann::json plan = {{"launches", {launch}}, {"scratch", {scratch}}};
+  nlohmann::json map = {{"name", "tm"},          {"tensor", "x"},         {"dtype", "float32"},
+                        {"dims", {64, 4}},       {"byte_strides", {256}}, {"box", {32, 4}},
+                        {"element_strides", {1, 1}}, {"interleave", "none"}, {"swizzle", "128B"},
+                        {"l2_promotion", "128B"}, {"oob_fill", "zero"}};
+  k.params.push_back(ParamInfo{ParamKind::kBytes, 128, 64});
+  launch["args"].push_back("tm");
+  nlohmann::json plan = {{"launches", {launch}}, {"scratch", {scratch}}, {"tensor_maps", {map}}};
+  for (std::string_view key : kTensorMapKeys) EXPECT_TRUE(map.contains(std::string(key))) << key;
   for (std::string_view key : kLaunchKeys) EXPECT_TRUE(launch.contains(std::string(key))) << key;
   for (std::string_view key : kScratchKeys) EXPECT_TRUE(scratch.contains(std::string(key))) << key;
   for (std::string_view key : kPlanKeys) EXPECT_TRUE(plan.contains(std::string(key))) << key;
@@ -60,15 +69,43 @@ TEST(ContractTest, TheKeyListsAreTheParsersOwn) {
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   ASSERT_TRUE(ok->launches[0].cluster.has_value());
 
-  for (auto* where : {&plan, &plan["launches"][0], &plan["scratch"][0]}) {
+  for (auto* where : {&plan, &plan["launches"][0], &plan["scratch"][0], &plan["tensor_maps"][0]}) {
     nlohmann::json bad = plan;
-    nlohmann::json* target = where == &plan ? &bad : where == &plan["launches"][0] ? &bad["launches"][0]
-                                                                                     : &bad["scratch"][0];
+    nlohmann::json* target = where == &plan                    ? &bad
+                             : where == &plan["launches"][0]   ? &bad["launches"][0]
+                             : where == &plan["scratch"][0]    ? &bad["scratch"][0]
+                                                               : &bad["tensor_maps"][0];
     (*target)["undocumented"] = 1;
     auto r = ResolvePlan(bad.dump(), sig, {k}, PlanLimits());
     ASSERT_FALSE(r.ok());
     EXPECT_THAT(r.status().message(), HasSubstr("unknown key \"undocumented\""));
   }
+}
+
+// The Hopper section's complete TMA load is code a model will copy: it
+// compiles for sm_90a as written, with its CUtensorMap declared in the source.
+TEST(ContractTest, TheTmaExampleCompilesForTheArchSpecificTarget) {
+  const std::string contract = Contract();
+  size_t at = contract.find("**A complete TMA load**");
+  ASSERT_NE(at, std::string::npos);
+  size_t open = contract.find("```cuda\n", at);
+  ASSERT_NE(open, std::string::npos);
+  open += 8;
+  size_t close = contract.find("```", open);
+  ASSERT_NE(close, std::string::npos);
+  const std::string code = contract.substr(open, close - open);
+  EXPECT_THAT(code, HasSubstr("struct alignas(64) CUtensorMap"));
+  EXPECT_THAT(code, Not(HasSubstr("#include <cuda.h>")));
+  CompileOptions o;
+  o.worker_path = KS_WORKER_PATH;
+  o.arch = "sm_90a";
+  auto r = CompileCandidate(code, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ok) << r->message << "\n" << r->log;
+  ASSERT_EQ(r->kernels.size(), 1u);
+  EXPECT_EQ(r->kernels[0].name, "tile_copy");
+  EXPECT_EQ(r->kernels[0].params[0].kind, ParamKind::kBytes);  // the map, by value
+  EXPECT_EQ(r->kernels[0].params[0].size, 128);
 }
 
 TEST(ContractTest, ClustersAreTaughtWithTheirDeviceSide) {
@@ -87,6 +124,7 @@ TEST(ContractTest, TheDeviceSectionRendersThisGpusLimits) {
   h100.max_registers_per_thread = 255;
   TemplateVars v;
   v.Set("launch_limits", LaunchLimitsText(h100));
+  v.SetList("hopper", HopperRecords(h100));
   auto out = lib->Render("contract", v);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_THAT(*out, HasSubstr("227.0 KiB at most (static + dynamic, the opt-in limit"));
@@ -96,6 +134,19 @@ TEST(ContractTest, TheDeviceSectionRendersThisGpusLimits) {
   EXPECT_THAT(*out, HasSubstr("| 128 | 255 | 32 (16 blocks, 2048 threads per SM) |"));
   EXPECT_THAT(*out, HasSubstr("| 1024 | 64 | 32 (2 blocks, 2048 threads per SM) |"));
   EXPECT_THAT(*out, HasSubstr("| 64 | 255 | 32 (32 blocks, 2048 threads per SM) |"));
+
+  // The Hopper section, with its target, only where the GPU has one.
+  EXPECT_THAT(*out, HasSubstr("### This GPU: sm_90a"));
+  EXPECT_THAT(*out, HasSubstr("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"));
+  EXPECT_THAT(*out, HasSubstr("wgmma.fence.sync.aligned"));
+  GpuFacts a100 = h100;
+  a100.compute_capability = "8.0";
+  v.SetList("hopper", HopperRecords(a100));
+  auto ampere = lib->Render("contract", v);
+  ASSERT_TRUE(ampere.ok()) << ampere.status().ToString();
+  EXPECT_THAT(*ampere, Not(HasSubstr("wgmma.fence")));
+  EXPECT_THAT(*ampere, Not(HasSubstr("sm_90a")));
+  EXPECT_THAT(*ampere, HasSubstr("`\"tensor_maps\"`"));  // the keys are documented for every GPU
 
   GpuFacts unknown;
   std::string text = LaunchLimitsText(unknown);

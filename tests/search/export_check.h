@@ -5,10 +5,12 @@
 // atol, rtol.
 #pragma once
 
+#include "tests/test_paths.h"
+
 #include <string>
 
 namespace ks::testing {
 
-inline std::string ExportCheckScript() { return std::string(KS_SOURCE_DIR) + "/tests/export/check_module.py"; }
+inline std::string ExportCheckScript() { return ks::testing::SourceDir() + "/tests/export/check_module.py"; }
 
 }  // namespace ks::testing

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
+#include "tests/test_paths.h"
 #include "common/subprocess.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
@@ -45,7 +46,7 @@ class ExportGpuTest : public ::testing::Test {
   // Stores the fixture problem (with its real signature, from the bridge), a
   // candidate and a correct evaluation; returns the candidate id.
   int64_t Fill(const std::string& fixture, const std::string& source, const std::string& plan) {
-    const std::string file = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/" + fixture;
+    const std::string file = ks::testing::SourceDir() + "/tests/evaluator/gpu_fixtures/" + fixture;
     auto sig = LoadProblemSignature(file);
     EXPECT_TRUE(sig.ok()) << sig.status().ToString();
     auto text = ReadFile(file);
@@ -65,7 +66,7 @@ class ExportGpuTest : public ::testing::Test {
     ASSERT_GT(id, 0);
     const std::string out = Path("export_" + std::to_string(id));
     SubprocessOptions ex;
-    ex.argv = {KS_CLI_BINARY, "export", std::to_string(id), "--db", Path("ks.db"), "--out", out};
+    ex.argv = {ks::testing::CliBinary(), "export", std::to_string(id), "--db", Path("ks.db"), "--out", out};
     ex.timeout_s = 180;
     auto exported = RunSubprocess(ex);
     ASSERT_TRUE(exported.ok()) << exported.status().ToString();
@@ -104,6 +105,21 @@ TEST_F(ExportGpuTest, SoftmaxExportWithBigSharedMemoryAndClustersMatchesTheModel
   int64_t id = Fill("softmax_small.py", testing::kSoftmaxSource,
                     hopper ? testing::kSoftmaxClusterPlan : testing::kSoftmaxPlan);
   ExportAndCompare(id, "[[2048, 4096], [1000, 4096], [2048, 2000]]", 1e-6, 1e-4);
+}
+
+// A plan with a TMA tensor map (issue 23): the module builds the map with
+// cuTensorMapEncodeTiled from each call's own tensor and runs the sm_90a
+// kernel; at the problem's shape and at another one (rows of 384 bytes).
+TEST_F(ExportGpuTest, TmaTensorMapExportMatchesTheModel) {
+  auto arch = DetectArch();
+  ASSERT_TRUE(arch.ok()) << arch.status().ToString();
+  if (std::stoi(arch->substr(3)) < 90) GTEST_SKIP() << "TMA needs compute capability 9.0";
+  const std::string dir = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/";
+  auto source = ReadFile(dir + "tma_tile_copy.cu");
+  auto plan = ReadFile(dir + "tma_tile_copy.json");
+  ASSERT_TRUE(source.ok() && plan.ok());
+  int64_t id = Fill("tma_copy.py", *source, *plan);
+  ExportAndCompare(id, "[[300, 200], [64, 96]]", 0, 0);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 #include "common/files.h"
 #include "common/subprocess.h"
 #include "evaluator/compiler.h"
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 #include "evaluator/problem.h"
 #include "search/export.h"
 #include "search/search_config.h"
@@ -112,7 +112,7 @@ TEST(ExportTemplateTest, TheRealTemplateIsFilledEverywhere) {
   std::string text = *ReadFile(*path);
   std::map<std::string, std::string> values;
   for (const char* k : {"ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED",
-                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME"})
+                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET"})
     values[k] = "v";
   auto r = RenderModuleTemplate(text, values);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -133,7 +133,7 @@ KernelInfo Kernel(const std::string& name, std::vector<ParamKind> kinds) {
   for (ParamKind kind : kinds) {
     ParamInfo p;
     p.kind = kind;
-    p.size = kind == ParamKind::kB32 || kind == ParamKind::kF32 ? 4 : 8;
+    p.size = kind == ParamKind::kB32 || kind == ParamKind::kF32 ? 4 : kind == ParamKind::kBytes ? 128 : 8;
     k.params.push_back(p);
   }
   return k;
@@ -197,7 +197,7 @@ int ExportTest::CompareWithPython(const Signature& sig, const std::vector<PlanCa
 TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
   Signature sig = PlanSignature();
   using K = ParamKind;
-  const auto b64 = K::kB64, b32 = K::kB32, f32 = K::kF32, f64 = K::kF64;
+  const auto b64 = K::kB64, b32 = K::kB32, f32 = K::kF32, f64 = K::kF64, map = K::kBytes;
   std::vector<PlanCase> cases = {
       // What kernels pass: pointers, shapes as int32, numel as int64, a float literal.
       {R"({"launches": [{"kernel": "ln", "grid": ["x.shape[0]"], "block": [256],
@@ -248,6 +248,33 @@ TEST_F(ExportTest, PythonPlanRulesAgreeWithTheEvaluator) {
        {Kernel("k", {})}},
       {R"({"launches": [{"kernel": "nope", "grid": [1], "block": [32], "args": []}]})", {Kernel("k", {})}},
       {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32]}], "tensor_maps": []})", {Kernel("k", {})}},
+      // TMA tensor maps: defaults from the tensor, every option, scratch, and each rule.
+      OneLaunch({map, b64}, R"(["tm", "out"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])",
+                R"(, "tensor_maps": [{"name": "tm", "tensor": "out", "dtype": "tfloat32", "dims": ["x.shape[1]", 8],
+                    "byte_strides": ["x.shape[1] * 4"], "box": [32, "n"], "element_strides": [1, 2],
+                    "interleave": "none", "swizzle": "128B", "l2_promotion": "256B", "oob_fill": "nan"}])"),
+      OneLaunch({map}, R"(["tm"])",
+                R"(, "scratch": [{"name": "s", "bytes": 4096}],
+                    "tensor_maps": [{"name": "tm", "tensor": "s", "dtype": "float32", "dims": [32, 32], "box": [32, 32]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "scratch": [{"name": "s", "bytes": 4096}],
+                    "tensor_maps": [{"name": "tm", "tensor": "s", "box": [32, 32]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [64, 8], "swizzle": "128B"}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 512]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [2, 8]}])"),
+      OneLaunch({map}, R"(["tm"])",
+                R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "dims": [1000, 7], "byte_strides": [4004], "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "dims": [1000, 9], "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8], "element_strides": [1, 9]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8], "interleave": "16B"}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8], "swizle": "none"}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "dtype": "float16", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "out", "tensor": "x", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "n", "box": [32]}])"),
+      OneLaunch({map}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]},
+                                                           {"name": "tm", "tensor": "out", "box": [32, 8]}])"),
+      OneLaunch({b64}, R"(["tm"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]}])"),
+      OneLaunch({map}, R"(["x"])", R"(, "tensor_maps": [{"name": "tm", "tensor": "x", "box": [32, 8]}])"),
       {R"({"launches": [{"kernel": "k", "grid": [1], "block": [32], "stream": 1}]})", {Kernel("k", {})}},
       {R"({"launches": []})", {Kernel("k", {})}},
       {R"J({"launches": [{"kernel": "a", "grid": [1], "block": [32], "args": ["x"]},
@@ -272,6 +299,8 @@ class PlanGenerator {
     std::vector<KernelInfo> kernels;
     bool scratch = Chance(0.3);
     if (scratch) plan["scratch"] = json::array({{{"name", "partial"}, {"bytes", IntField()}}});
+    bool maps = Chance(0.25);
+    if (maps) plan["tensor_maps"] = json::array({TensorMap(scratch)});
     int n = 1 + Pick(3);
     plan["launches"] = json::array();
     for (int l = 0; l < n; ++l) {
@@ -286,6 +315,10 @@ class PlanGenerator {
                                            ParamKind::kF64};
         kinds.push_back(kKinds[Pick(5)]);
         args.push_back(Arg(scratch));
+      }
+      if (maps && Chance(0.6)) {  // the map, mostly where a CUtensorMap parameter takes it
+        kinds.push_back(Chance(0.9) ? ParamKind::kBytes : ParamKind::kB64);
+        args.push_back(Chance(0.9) ? "tm" : "x");
       }
       if (Chance(0.03)) args.push_back("x");  // one argument too many
       launch["args"] = args;
@@ -363,6 +396,48 @@ class PlanGenerator {
     return d;
   }
 
+  // A "tensor_maps" entry named "tm": usually one a kernel would use, often
+  // breaking one rule of the driver's or ours.
+  json TensorMap(bool scratch) {
+    static const char* kTensors[] = {"x", "x", "x", "out", "ln.weight", "n", "nope"};
+    static const char* kDtypes[] = {"float32", "tfloat32", "bfloat16", "int32", "uint8", "float64", "bogus"};
+    static const char* kSwizzles[] = {"none", "32B", "64B", "128B", "256B"};
+    static const char* kInterleaves[] = {"none", "16B", "32B"};
+    static const char* kPromotions[] = {"none", "64B", "128B", "256B"};
+    json m = {{"name", "tm"}};
+    std::string t = scratch && Chance(0.3) ? "partial" : kTensors[Pick(7)];
+    m["tensor"] = t;
+    const int rank = t == "ln.weight" ? 1 : Chance(0.95) ? 2 : 3;
+    auto list = [&](auto&& entry) {
+      json l = json::array();
+      for (int i = 0; i < rank; ++i) l.push_back(entry(i));
+      return l;
+    };
+    if (t == "partial" || Chance(0.15)) m["dtype"] = kDtypes[Pick(7)];
+    if (t == "partial" || Chance(0.3))
+      m["dims"] = list([&](int i) -> json {
+        static const char* kDims[] = {"x.shape[1]", "x.shape[0]", "x.shape[1] / 2", "n"};
+        return Chance(0.2) ? IntField() : Chance(0.5) ? json(i == 0 ? 1000 : 8) : json(kDims[Pick(4)]);
+      });
+    if (rank > 1 && Chance(0.2)) {
+      static const char* kStrides[] = {"x.shape[1] * 4", "4000", "4004", "x.shape[1] * 2"};
+      json st = json::array();
+      for (int i = 1; i < rank; ++i) st.push_back(Chance(0.2) ? IntField() : json(kStrides[Pick(4)]));
+      m["byte_strides"] = st;
+    }
+    m["box"] = list([&](int) -> json {
+      static const int kBoxes[] = {8, 16, 32, 64, 128, 256, 300, 0, 2, 4};
+      return Chance(0.1) ? json("n") : json(kBoxes[Pick(10)]);
+    });
+    if (Chance(0.15)) m["element_strides"] = list([&](int) -> json { return 1 + Pick(9); });
+    if (Chance(0.3)) m["swizzle"] = kSwizzles[Pick(5)];
+    if (Chance(0.1)) m["interleave"] = kInterleaves[Pick(3)];
+    if (Chance(0.2)) m["l2_promotion"] = kPromotions[Pick(4)];
+    if (Chance(0.15)) m["oob_fill"] = Chance(0.8) ? "zero" : "nan";
+    if (Chance(0.02)) m["bogus"] = 1;
+    return m;
+  }
+
   json Arg(bool scratch) {
     static const char* kNames[] = {"x", "out", "ln.weight", "n", "alpha", "0.00001", "1e-5", "-2.5e3"};
     switch (Pick(12)) {
@@ -384,6 +459,14 @@ TEST_F(ExportTest, PythonPlanRulesAgreeOnGeneratedPlans) {
   PlanGenerator gen(20261123);
   std::vector<PlanCase> cases;
   for (int i = 0; i < 3000; ++i) cases.push_back(gen.Next());
+  int with_maps = 0, maps_accepted = 0;
+  for (const auto& c : cases)
+    if (c.plan.find("tensor_maps") != std::string::npos) {
+      ++with_maps;
+      if (ResolvePlan(c.plan, PlanSignature(), c.kernels, PlanLimits{}).ok()) ++maps_accepted;
+    }
+  EXPECT_GE(with_maps, 500);
+  EXPECT_GE(maps_accepted, 20);  // maps that resolve, not only ones refused (28 at this seed)
   int accepted = CompareWithPython(PlanSignature(), cases);
   EXPECT_GE(accepted, 300);  // both outcomes, often
   EXPECT_LE(accepted, static_cast<int>(cases.size()) - 300);

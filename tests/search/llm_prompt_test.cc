@@ -296,6 +296,7 @@ TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
         "bank_examples", "failure_details", "launch_limits", "best_kernels"})
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
+  v.SetList("hopper", {{{"hopper_target", "<hopper_target>"}}});
   std::vector<std::string> names = lib.Names();
   for (const char* expected : {"system", "contract", "ideas", "implement", "repair"})
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;

@@ -1,8 +1,9 @@
-#include "evaluator/launch_plan.h"
+#include "evaluator/plan/launch_plan.h"
 
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -218,7 +219,7 @@ bool LooksLikeFloat(const std::string& s) {
 }
 
 StatusOr<ArgValue> ResolveArg(const json& a, const ParamInfo& p, const Signature& sig,
-                              const std::set<std::string>& scratch) {
+                              const std::set<std::string>& scratch, const std::set<std::string>& maps) {
   auto want_int = [&](int64_t v) -> StatusOr<ArgValue> {
     ArgValue out;
     switch (p.kind) {
@@ -245,6 +246,15 @@ StatusOr<ArgValue> ResolveArg(const json& a, const ParamInfo& p, const Signature
   if (a.is_number_integer()) return want_int(a.get<int64_t>());
   if (!a.is_string()) return InvalidArgument("argument must be a string or a number, got " + a.dump());
   std::string s = a.get<std::string>();
+  if (maps.count(s)) {
+    // The driver copies exactly the parameter's bytes: anything but a
+    // 128-byte CUtensorMap would hand the kernel a torn descriptor.
+    if (p.kind != ParamKind::kBytes || p.size != kTensorMapBytes)
+      return InvalidArgument("tensor map '" + s + "' goes to a `const __grid_constant__ CUtensorMap` parameter " +
+                             "(128 bytes, aligned to 64), but the kernel's parameter is " + ParamKindName(p.kind) +
+                             (p.kind == ParamKind::kBytes ? " of " + std::to_string(p.size) + " bytes" : ""));
+    return ArgValue{ArgValue::Kind::kTensorMap, s, 0, 0};
+  }
   if (scratch.count(s)) {
     if (p.kind != ParamKind::kB64)
       return InvalidArgument("scratch '" + s + "' is a pointer but the kernel's parameter is " + ParamKindName(p.kind));
@@ -321,10 +331,9 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
   }
   if (!plan.is_object()) return InvalidArgument("launch plan must be a JSON object with \"launches\"");
   for (const auto& [key, _] : plan.items()) {
-    if (key == "tensor_maps")
-      return InvalidArgument("launch plan: \"tensor_maps\" (TMA descriptors) is not supported by this evaluator yet");
     if (!Accepted(kPlanKeys, key))
-      return InvalidArgument("launch plan: unknown key \"" + key + "\" (expected \"launches\" and optionally \"scratch\")");
+      return InvalidArgument("launch plan: unknown key \"" + key +
+                             "\" (expected \"launches\" and optionally \"scratch\" and \"tensor_maps\")");
   }
   ResolvedPlan out;
   std::set<std::string> scratch_names;
@@ -349,6 +358,24 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
         return InvalidArgument(where + ": " + std::to_string(*bytes) + " bytes exceeds the scratch limit of " +
                                std::to_string(limits.max_scratch_bytes));
       out.scratch.push_back({name, *bytes});
+    }
+  }
+  std::set<std::string> map_names;
+  if (plan.contains("tensor_maps")) {
+    const json& tm = plan["tensor_maps"];
+    if (!tm.is_array()) return InvalidArgument("tensor_maps must be a list");
+    std::map<std::string, int64_t> scratch_bytes;
+    for (const auto& s : out.scratch) scratch_bytes[s.name] = s.bytes;
+    for (size_t i = 0; i < tm.size(); ++i) {
+      std::string where = "tensor_maps[" + std::to_string(i) + "]";
+      if (tm[i].is_object() && tm[i].contains("name") && tm[i]["name"].is_string())
+        where += " (" + tm[i]["name"].get<std::string>() + ")";
+      auto m = ResolveTensorMap(tm[i], sig, scratch_bytes);
+      if (!m.ok()) return m.status().WithContext(where);
+      if (sig.Find(m->name) || scratch_names.count(m->name))
+        return InvalidArgument(where + ": name collides with a tensor or scratch buffer");
+      if (!map_names.insert(m->name).second) return InvalidArgument(where + ": duplicate tensor map name");
+      out.tensor_maps.push_back(std::move(*m));
     }
   }
   if (!plan.contains("launches") || !plan["launches"].is_array() || plan["launches"].empty())
@@ -435,7 +462,7 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
       return InvalidArgument(where + ": " + std::to_string(args.size()) + " args given but the kernel takes " +
                              std::to_string(k->params.size()) + " parameters");
     for (size_t ai = 0; ai < args.size(); ++ai) {
-      auto a = ResolveArg(args[ai], k->params[ai], sig, scratch_names);
+      auto a = ResolveArg(args[ai], k->params[ai], sig, scratch_names, map_names);
       if (!a.ok()) {
         std::string msg = a.status().message();
         if (msg.find("unknown name") != std::string::npos) msg += " (known: " + KnownNames(sig, scratch_names) + ")";

@@ -13,7 +13,8 @@
 
 #include "common/status.h"
 #include "evaluator/evaluation.h"
-#include "evaluator/kernel_info.h"
+#include "evaluator/plan/kernel_info.h"
+#include "evaluator/plan/tensor_map.h"
 #include "evaluator/signature.h"
 
 namespace ks {
@@ -21,7 +22,7 @@ namespace ks {
 // Every key the plan parser accepts, at each level. The parser rejects any other
 // key, and prompts/contract.md must document each of these (contract_test checks
 // it), so a plan feature cannot exist without a model being told about it.
-inline constexpr std::array<std::string_view, 2> kPlanKeys = {"launches", "scratch"};
+inline constexpr std::array<std::string_view, 3> kPlanKeys = {"launches", "scratch", "tensor_maps"};
 inline constexpr std::array<std::string_view, 6> kLaunchKeys = {"kernel", "grid", "block",
                                                                 "shared_bytes", "args", "cluster"};
 inline constexpr std::array<std::string_view, 2> kScratchKeys = {"name", "bytes"};
@@ -33,8 +34,8 @@ inline constexpr std::array<std::string_view, 2> kScratchKeys = {"name", "bytes"
 StatusOr<int64_t> EvalIntExpr(const std::string& expr, const Signature& sig);
 
 struct ArgValue {
-  enum class Kind { kTensor, kScratch, kInt32, kInt64, kFloat32, kFloat64 } kind = Kind::kInt32;
-  std::string name;  // tensor or scratch name
+  enum class Kind { kTensor, kScratch, kInt32, kInt64, kFloat32, kFloat64, kTensorMap } kind = Kind::kInt32;
+  std::string name;  // tensor, scratch or tensor map name
   int64_t i = 0;
   double f = 0;
 };
@@ -56,6 +57,7 @@ struct ScratchBuffer {
 struct ResolvedPlan {
   std::vector<PlannedLaunch> launches;
   std::vector<ScratchBuffer> scratch;
+  std::vector<TensorMapSpec> tensor_maps;  // Hopper TMA descriptors (tensor_map.h)
   std::vector<ResolvedLaunch> Summary() const;
 };
 
