@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/cli.h"
+#include "cli/eval_format.h"
 #include "common/files.h"
 #include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
@@ -33,6 +34,7 @@ struct BrowseFlags {
   int64_t id = 0;
   std::string out_dir;
   std::string arch = "sm_90a";
+  bool allow_specialised = false;
 };
 
 StatusOr<std::unique_ptr<store::LineageStore>> OpenStore(const BrowseFlags& f) {
@@ -164,6 +166,7 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
     auto e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
     if (e.is_object() && !e.value("message", std::string()).empty())
       std::printf("message: %s\n", e.value("message", std::string()).c_str());
+    if (e.is_object() && e.contains("robustness")) PrintRobustness(RobustnessFromJson(e["robustness"]));
     if (e.is_object()) {
       auto profiles = LaunchProfilesFromJson(e.value("launch_profiles", nlohmann::json::array()));
       if (!profiles.empty()) std::printf("each launch on its own:\n%s", LaunchProfileText(profiles, "  ").c_str());
@@ -237,6 +240,7 @@ int Export(const BrowseFlags& f) {
   KS_ASSIGN_OR_RETURN_CLI(auto store, OpenStore(f));
   ExportOptions options;
   options.arch = f.arch;
+  options.allow_specialised = f.allow_specialised;
   KS_ASSIGN_OR_RETURN_CLI(auto files, ExportCandidate(store.get(), f.id, options));
   std::error_code ec;
   std::filesystem::create_directories(f.out_dir, ec);
@@ -282,6 +286,8 @@ void RegisterBrowseCommands(CLI::App& app) {
                       "target to compile for at export when the evaluation recorded none (the module compiles for "
                       "the GPU it runs on; an arch-specific target such as sm_90a only for that architecture)")
             ->capture_default_str();
+        s->add_flag("--allow-specialised", f->allow_specialised,
+                    "export a kernel that a distribution-shifted input set broke (correct on get_inputs() only)");
       });
 }
 

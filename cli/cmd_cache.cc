@@ -34,7 +34,7 @@ int RunList(const CacheArgs& a) {
   if (a.json) {
     nlohmann::json entries = nlohmann::json::array();
     for (auto it = u->entries.rbegin(); it != u->entries.rend(); ++it)
-      entries.push_back({{"name", it->name}, {"path", it->path}, {"bytes", it->bytes}, {"sets", it->sets},
+      entries.push_back({{"name", it->name}, {"path", it->path}, {"bytes", it->bytes}, {"sets", it->sets}, {"shifted_sets", it->shifted_sets},
                          {"timed", it->timed}, {"last_used", When(it->last_used) + "Z"}});
     nlohmann::json j = {{"dir", dir}, {"cap_bytes", cap}, {"bytes", u->entry_bytes}, {"entries", entries},
                         {"temp_dirs", u->temp_dirs}, {"temp_bytes", u->temp_bytes}};
@@ -49,10 +49,10 @@ int RunList(const CacheArgs& a) {
     std::printf("temp   %d run%s in progress or killed, %s\n", u->temp_dirs, u->temp_dirs == 1 ? "" : "s",
                 HumanBytes(u->temp_bytes).c_str());
   if (u->entries.empty()) return kExitOk;
-  std::printf("\n%-20s %10s %5s %6s  %s\n", "last used (UTC)", "size", "sets", "timed", "entry");
+  std::printf("\n%-20s %10s %5s %7s %6s  %s\n", "last used (UTC)", "size", "sets", "shifted", "timed", "entry");
   for (auto it = u->entries.rbegin(); it != u->entries.rend(); ++it)  // most recent first
-    std::printf("%-20s %10s %5d %6s  %s\n", When(it->last_used).c_str(), HumanBytes(it->bytes).c_str(), it->sets,
-                it->timed ? "yes" : "no", it->name.c_str());
+    std::printf("%-20s %10s %5d %7d %6s  %s\n", When(it->last_used).c_str(), HumanBytes(it->bytes).c_str(), it->sets,
+                it->shifted_sets, it->timed ? "yes" : "no", it->name.c_str());
   return kExitOk;
 }
 

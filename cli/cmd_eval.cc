@@ -36,6 +36,7 @@ struct EvalArgs {
   bool keep_privileges = false;
   double run_timeout_s = 0;
   std::string timing = "adaptive";  // --timing: adaptive | full (GpuEvaluatorOptions::timing)
+  std::string precision = "fp32";   // --precision: fp32 | tf32 (GpuEvaluatorOptions::precision)
   CacheFlags cache;
   bool verbose = false;
   bool profile = false;      // --profile: hardware counters of each correct candidate (ncu)
@@ -86,6 +87,7 @@ StatusOr<std::vector<std::unique_ptr<GpuEvaluator>>> MakeGpuEvaluatorsOn(const E
   go.run_timeout_s = a.run_timeout_s;
   go.python = a.python;
   go.timing = a.timing == "full" ? TimingMode::kFull : TimingMode::kAdaptive;
+  go.precision = a.precision;
   go.compile_threads = CompileThreadsPerGpu(devices.size());
   const auto setup_start = std::chrono::steady_clock::now();
   std::vector<std::optional<StatusOr<std::unique_ptr<GpuEvaluator>>>> made(devices.size());
@@ -353,7 +355,7 @@ int Run(const EvalArgs& a) {
       j["candidate"] = files[i];
       std::printf("%s\n", j.dump().c_str());
     } else {
-      PrintBatchRow(name, EvalStatusName(e.status), &e, e.message);
+      PrintBatchRow(name, StatusText(e), &e, e.specialised() ? e.robustness->Summary() : e.message);
     }
   }
   if (!a.json) std::printf("\nworker restarts: %d\n", ev->worker_restarts());
@@ -385,6 +387,11 @@ void RegisterEvalCommand(CLI::App& app) {
                   "its own and the full planned count of timed runs (the method before adaptive timing)")
       ->capture_default_str()
       ->check(CLI::IsMember({"adaptive", "full"}));
+  sub->add_option("--precision", a->precision,
+                  "the accuracy a candidate is held to: fp32 (exact to fp32, the reference computed with TF32 off; "
+                  "default) or tf32 (where PyTorch's defaults compute in TF32, as its cuDNN convolutions do, the "
+                  "tolerance widens to twice PyTorch's own TF32 error; every result says which)")
+      ->check(CLI::IsMember({"fp32", "tf32"}));
   AddPythonOption(sub, &a->python);
   AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");

@@ -51,6 +51,8 @@ struct SearchFlags {
   bool generate_only = false;
   bool allow_degenerate = false;
   bool no_bank = false;
+  std::string require;  // --require robust
+  std::string precision = "fp32";  // --precision fp32 | tf32 (GpuEvaluatorOptions::precision)
   bool quiet = false;
   bool json = false;
   std::string evaluator;
@@ -188,6 +190,7 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   if (!f.gpu_name.empty()) config.gpu.name = f.gpu_name;
   if (f.no_bank) config.bank = false;
   if (f.allow_degenerate) config.allow_degenerate = true;
+  if (f.require == "robust") config.require_robust = true;
   KS_RETURN_IF_ERROR(config.Validate());
   return config;
 }
@@ -243,7 +246,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   auto store = store::LineageStore::Open(DbPath(f.db));
   if (!store.ok()) return ReportError(store.status());
   SetupOptions so;
-  so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
+  so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision};
   so.llm = BaseLlmConfig(f.llm);
   so.on_phase = PhasePrinter(f.quiet, f.json);
   const bool fake = f.evaluator == "fake" || f.evaluator.rfind("fake:", 0) == 0;
@@ -430,7 +433,7 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
   std::signal(SIGTERM, OnSignal);
   SuiteProgress progress(f.quiet, f.json);
   SuiteRunner runner({.store = store->get(), .llm = llm->get(), .prompts = &*prompts, .cancel = &g_interrupted,
-                      .evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus}},
+                      .evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision}},
                      [&](const SuiteEvent& e) { progress(e); });
   auto report = runner.Run(suite_id);
   if (!report.ok()) return ReportError(report.status().WithContext("suite " + std::to_string(suite_id)));
@@ -528,6 +531,13 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
                 "search even when the problem's reference outputs are degenerate (see `kernelsearch problem check`)");
   sub->add_flag("--no-bank", f->no_bank,
                 "do not show the model the best kernels of similar problems from the store (the kernel bank)");
+  sub->add_option("--require", f->require,
+                  "robust: a kernel that only holds for get_inputs()'s distribution (specialised) counts as incorrect")
+      ->check(CLI::IsMember({"robust"}));
+  sub->add_option("--precision", f->precision,
+                  "the accuracy candidates are held to: fp32 (default) or tf32 (PyTorch's default TF32 error allowed "
+                  "where its defaults use TF32, as cuDNN convolutions do)")
+      ->check(CLI::IsMember({"fp32", "tf32"}));
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
   AddGpusOption(sub, &f->gpus);

@@ -16,9 +16,20 @@ std::string Ms(double ms) {
 }
 }  // namespace
 
+void PrintRobustness(const Robustness& r) {
+  std::printf("inputs:   %s\n", r.Summary().c_str());
+  for (const auto& c : r.checks)
+    std::printf("          %-11s %-12s %s\n", c.check.c_str(), c.outcome.c_str(), c.detail.c_str());
+}
+
+std::string StatusText(const Evaluation& e) {
+  return std::string(EvalStatusName(e.status)) + (e.specialised() ? " (specialised)" : "");
+}
+
 void PrintEvaluation(const Evaluation& e) {
-  std::printf("status:   %s\n", EvalStatusName(e.status));
+  std::printf("status:   %s\n", StatusText(e).c_str());
   if (!e.message.empty()) std::printf("message:  %s\n", e.message.c_str());
+  if (e.robustness) PrintRobustness(*e.robustness);
   if (!e.device.empty()) std::printf("device:   %s\n", e.device.c_str());
   if (!e.target.empty()) std::printf("target:   %s\n", e.target.c_str());
   if (e.timing) {
@@ -38,6 +49,13 @@ void PrintEvaluation(const Evaluation& e) {
     if (e.speedup_compile) std::printf("  -> speedup %.2fx", *e.speedup_compile);
     std::printf("  (torch.compile)\n");
   }
+  if (e.eager_fp32) {
+    std::printf("eager fp32: median %s", Ms(e.eager_fp32->median_ms).c_str());
+    if (e.speedup_eager_fp32) std::printf("  -> speedup %.2fx", *e.speedup_eager_fp32);
+    std::printf("  (PyTorch eager with TF32 off)\n");
+  }
+  if (!e.precision.empty())
+    std::printf("precision: held to %s; speedups above are against %s\n", e.precision.c_str(), e.baseline.c_str());
   if (e.roofline) {
     const auto& r = *e.roofline;
     std::printf("roofline: %.3g MB must move, %.0f GB/s achieved", r.bytes / 1e6, r.achieved_gbps);
@@ -101,7 +119,7 @@ void PrintEvaluation(const Evaluation& e) {
 }
 
 void PrintBatchHeader() {
-  std::printf("%-32s %-14s %12s %9s %9s  %s\n", "candidate", "status", "median", "vs eager", "vs comp.", "message");
+  std::printf("%-32s %-22s %12s %9s %9s  %s\n", "candidate", "status", "median", "vs eager", "vs comp.", "message");
 }
 
 void PrintBatchRow(const std::string& name, const std::string& status, const Evaluation* e, const std::string& message) {
@@ -110,7 +128,7 @@ void PrintBatchRow(const std::string& name, const std::string& status, const Eva
   if (e && e->speedup_eager) std::snprintf(se, sizeof se, "%.2fx", *e->speedup_eager);
   if (e && e->speedup_compile) std::snprintf(sc, sizeof sc, "%.2fx", *e->speedup_compile);
   std::string msg = message.size() > 100 ? message.substr(0, 97) + "..." : message;
-  std::printf("%-32s %-14s %12s %9s %9s  %s\n", name.c_str(), status.c_str(), med.c_str(), se, sc, msg.c_str());
+  std::printf("%-32s %-22s %12s %9s %9s  %s\n", name.c_str(), status.c_str(), med.c_str(), se, sc, msg.c_str());
 }
 
 }  // namespace ks::cli

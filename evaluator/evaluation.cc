@@ -100,7 +100,51 @@ json EvaluationToJson(const Evaluation& e) {
     for (const auto& [name, s] : e.phases) ph[name] = ph.value(name, 0.0) + s;
     j["phases_s"] = ph;
   }
+  if (e.robustness) j["robustness"] = RobustnessToJson(*e.robustness);
+  if (!e.precision.empty()) j["precision"] = e.precision;
+  if (!e.baseline.empty()) j["baseline"] = e.baseline;
+  if (e.eager_fp32) j["eager_fp32"] = TimingToJson(*e.eager_fp32);
+  if (e.speedup_eager_fp32) j["speedup_eager_fp32"] = *e.speedup_eager_fp32;
   return j;
+}
+
+std::string Robustness::Summary() const {
+  std::string held, not_checked;
+  for (const auto& c : checks) {
+    if (c.outcome == "held") held += (held.empty() ? "" : ", ") + c.check;
+    if (c.outcome == "not_checked") not_checked += (not_checked.empty() ? "" : ", ") + c.check;
+  }
+  std::string out;
+  if (specialised()) {
+    out = "specialised: correct on the get_inputs() sets, but '" + broken_by + "' broke it";
+    for (const auto& c : checks)
+      if (c.check == broken_by && !c.detail.empty()) out += " (" + c.detail + ")";
+  } else {
+    out = "robust: held on " + (held.empty() ? std::string("nothing") : held);
+  }
+  if (!not_checked.empty()) out += "; not checked: " + not_checked;
+  return out;
+}
+
+void RequireRobust(Evaluation& e) {
+  if (!e.correct() || !e.specialised()) return;
+  e.status = EvalStatus::kIncorrect;
+  e.message = e.robustness->Summary() + " (robust kernels required: --require robust)";
+}
+
+json RobustnessToJson(const Robustness& r) {
+  json checks = json::array();
+  for (const auto& c : r.checks) checks.push_back({{"check", c.check}, {"outcome", c.outcome}, {"detail", c.detail}});
+  return {{"specialised", r.specialised()}, {"broken_by", r.broken_by}, {"checks", checks}};
+}
+
+Robustness RobustnessFromJson(const json& j) {
+  Robustness r;
+  if (!j.is_object()) return r;
+  r.broken_by = j.value("broken_by", "");
+  for (const auto& c : j.value("checks", json::array()))
+    if (c.is_object()) r.checks.push_back({c.value("check", ""), c.value("outcome", ""), c.value("detail", "")});
+  return r;
 }
 
 StatusOr<Evaluation> EvaluationFromJson(const json& j) {
@@ -178,6 +222,12 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
   if (j.contains("phases_s") && j["phases_s"].is_object())
     for (const auto& [name, v] : j["phases_s"].items())
       if (v.is_number()) e.phases.emplace_back(name, v.get<double>());
+  if (j.contains("robustness") && j["robustness"].is_object()) e.robustness = RobustnessFromJson(j["robustness"]);
+  e.precision = j.value("precision", "");
+  e.baseline = j.value("baseline", "");
+  if (j.contains("eager_fp32") && j["eager_fp32"].is_object()) e.eager_fp32 = TimingFromJson(j["eager_fp32"]);
+  if (j.contains("speedup_eager_fp32") && j["speedup_eager_fp32"].is_number())
+    e.speedup_eager_fp32 = j["speedup_eager_fp32"].get<double>();
   return e;
 }
 

@@ -107,6 +107,24 @@ struct ResolvedLaunch {
   int64_t shared_bytes = 0;
 };
 
+// What held beyond the get_inputs() sets, one entry per check (issue 27): a
+// candidate correct on every get_inputs() set but not on a distribution-shifted
+// one is still correct, and `specialised`, so that the search can prefer the
+// robust kernel and a user sees the limit before exporting it.
+struct RobustnessCheck {
+  std::string check;    // "get_inputs", a transform ("scale_up", "scale_down", "sign_flip", "outliers"), "shapes"
+  std::string outcome;  // "held", "broke", "not_checked"
+  std::string detail;   // what was checked, the failure, or why it was not checked
+};
+
+struct Robustness {
+  std::vector<RobustnessCheck> checks;
+  std::string broken_by;  // the first check that broke; "" when every check made held
+  bool specialised() const { return !broken_by.empty(); }
+  // One line: "robust: held on ..." or "specialised: ... broke it (...)".
+  std::string Summary() const;
+};
+
 struct Evaluation {
   EvalStatus status = EvalStatus::kCompileError;
   std::string message;        // one line saying why (empty when correct)
@@ -137,11 +155,30 @@ struct Evaluation {
   // Where eval_s went, in order (GPU evaluations): "load", "correctness",
   // "warmup", "timed", "profile", "final_checks", "worker_start"; seconds.
   std::vector<std::pair<std::string, double>> phases;
+  // The precision contract (issue 27). `precision`: what the candidate is held
+  // to, "fp32" (exact to fp32; the reference is computed with TF32 off) or
+  // "tf32" (the tolerance widened to PyTorch's default TF32 error); "" before
+  // it was recorded. `baseline`: what speedup_eager and speedup_compile are
+  // against, in words. Where PyTorch's defaults use TF32 (cuDNN convolutions),
+  // eager is also timed with TF32 off: eager_fp32 and speedup_eager_fp32.
+  std::string precision;
+  std::string baseline;
+  std::optional<TimingStats> eager_fp32;
+  std::optional<double> speedup_eager_fp32;
+  // Correct candidates on a GPU: what held beyond the get_inputs() sets.
+  // Absent for other statuses, fakes and evaluations stored before it existed.
+  std::optional<Robustness> robustness;
 
   bool correct() const { return status == EvalStatus::kCorrect; }
+  bool specialised() const { return robustness && robustness->specialised(); }
 };
 
 nlohmann::json EvaluationToJson(const Evaluation& e);
+// `search --require robust`: a specialised evaluation becomes incorrect, its
+// message naming the transform that broke it (the robustness stays recorded).
+void RequireRobust(Evaluation& e);
+nlohmann::json RobustnessToJson(const Robustness& r);
+Robustness RobustnessFromJson(const nlohmann::json& j);
 StatusOr<Evaluation> EvaluationFromJson(const nlohmann::json& j);
 nlohmann::json TimingToJson(const TimingStats& t);
 TimingStats TimingFromJson(const nlohmann::json& j);

@@ -178,8 +178,10 @@ Status GpuEvaluator::Setup() {
   CUipcMemHandle h;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
   ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  if (correctness_only_) return StartWorker();  // never timed: no bandwidth, no peaks
   KS_RETURN_IF_ERROR(MeasureBandwidth());
   if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
+  KS_RETURN_IF_ERROR(SetupOtherShapes());
   return StartWorker();
 }
 
@@ -296,6 +298,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   e.compile_s = compiled.seconds;
   for (const auto& k : compiled.kernels) e.resources.push_back(k.resources);
   auto finish = [&](EvalStatus st, const std::string& msg) {
+    NamePrecisionContract(e);  // in every result, whatever its status
     e.status = st;
     e.message = msg;
     e.worker_log = TakeWorkerLog();
@@ -377,9 +380,11 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     }
     return r;
   };
-  // Correctness on every input set first.
+  // Correctness on every get_inputs() set first; the distribution-shifted
+  // sets after them only mark a kernel specialised, and are never timed.
+  const int judging = ref_.JudgingSets();
   std::vector<double> first_ms;
-  for (int s = 0; s < sets; ++s) {
+  for (int s = 0; s < judging; ++s) {
     RunResult r = run(s);
     keep_worst(r.errors);
     if (r.status != EvalStatus::kCorrect) {
@@ -394,6 +399,19 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     first_ms.push_back(r.ms);
   }
   phase("correctness");
+  if (correctness_only_) {  // another shape of the problem (CheckOtherShapes): held
+    unload();
+    return finish(EvalStatus::kCorrect, "");
+  }
+  Robustness robustness;
+  if (auto failed = CheckShiftedSets(run, &robustness)) {
+    take_errors();
+    unload();
+    return finish(failed->status, failed->message);
+  }
+  phase("shifted_inputs");
+  CheckOtherShapes(candidate, compiled, &robustness);
+  phase("other_shapes");
   // Warm-up (as timing.py: at least 3 runs and warmup_ms of run time, at most
   // 1000 runs), then timed runs. Every timed run is verified.
   double estimate = std::max(Summarize(first_ms).median_ms, 1e-3);
@@ -413,7 +431,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     double warm_total = 0;
     std::vector<double> warm_ms;
     for (int w = 0; w < 3 || warm_total < opts_.warmup_ms; ++w) {
-      RunResult r = run(run_index++ % sets);
+      RunResult r = run(run_index++ % judging);
       keep_worst(r.errors);
       if (r.status != EvalStatus::kCorrect) {
         take_errors();
@@ -434,7 +452,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   std::string stopped = "runs";
   auto phase_start = Clock::now();
   for (int i = 0; i < n; ++i) {
-    RunResult r = run(run_index++ % sets);
+    RunResult r = run(run_index++ % judging);
     keep_worst(r.errors);
     if (r.status != EvalStatus::kCorrect) {
       take_errors();
@@ -504,6 +522,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   if (ref_.compiled && e.timing->median_ms > 0) e.speedup_compile = ref_.compiled->median_ms / e.timing->median_ms;
   FinishRoofline(e.timing->median_ms, &rf);
   e.roofline = rf;
+  e.robustness = std::move(robustness);
   return finish(EvalStatus::kCorrect, "");
 }
 
@@ -514,7 +533,7 @@ StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const Resolve
   // Few runs: the events inside the plan cost a few microseconds each, and
   // these figures guide a model, they do not rank candidates.
   constexpr int kProfileRuns = 5;
-  const int sets = static_cast<int>(ref_.sets.size());
+  const int sets = ref_.JudgingSets();  // timed and profiled on get_inputs() sets only
   const size_t n = plan.launches.size();
   std::vector<std::vector<double>> launch_ms(n);
   for (int i = 0; i < kProfileRuns; ++i) {

@@ -15,6 +15,13 @@
 // together after the last: its outputs, every input set, guards, globals,
 // scratch. Nothing a warm-up run could leave behind survives into a timed run.
 //
+// A candidate correct on every get_inputs() set runs once more on each
+// distribution-shifted set (ReferenceSet::transform: inputs scaled, negated,
+// with outliers; gpu_evaluator_robust.cc). Stops a kernel specialised to
+// get_inputs()'s distribution (fp16-split fp32, an unguarded exp) passing
+// unmarked: it stays correct, marked specialised (Evaluation::robustness).
+// Shifted sets are never warmed up on or timed.
+//
 // Every place a kernel can write, and how it is reset or verified between runs
 // (a run keeping state is how cached answers and call counters work):
 //  - outputs: poisoned (a NaN pattern) before each run; every element must be
@@ -61,6 +68,7 @@
 // EvaluateBatch compiles in parallel internally.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -118,6 +126,11 @@ struct GpuEvaluatorOptions {
                                     // matmul peak of its compute class (MeasureDevicePeaks)
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
   std::string target;               // NVRTC target; "" = the device's arch-specific one (sm_90a on 9.0)
+  // The precision contract (Evaluation::precision): "fp32" holds a candidate
+  // to the full-fp32 reference; "tf32" widens each float32 output's tolerance
+  // to twice the error of PyTorch's default precision (TF32 convolutions) on
+  // it, where that differs (ReferenceData::default_precision_error).
+  std::string precision = "fp32";
 };
 
 // Compile threads for each of `gpus` evaluators of one host: the CPU cores but
@@ -222,6 +235,28 @@ class GpuEvaluator : public CandidateEvaluator {
                                                        const Roofline& plan_roofline, int first_run,
                                                        RunResult* failed);
   double RunTimeout() const;
+  // The distribution-shifted sets (ReferenceSet::transform) of a candidate
+  // correct on every get_inputs() set, each run by `run`: what held goes into
+  // *robustness (gpu_evaluator_robust.cc). A run that crashes, hangs or fails
+  // to launch there is returned: it fails the candidate as any run does.
+  std::optional<RunResult> CheckShiftedSets(const std::function<RunResult(int)>& run, Robustness* robustness);
+  // The problem's other shapes (ReferenceData::shape_variants), each judged by
+  // an evaluator of its own (correctness only, its own worker) through the
+  // same plan expressions: what held goes into *robustness.
+  void CheckOtherShapes(const Candidate& candidate, const CompileResult& compiled, Robustness* robustness);
+  // Starts the evaluators of the other shapes (Setup).
+  Status SetupOtherShapes();
+  // The tolerance of output `t` under opts_.precision (gpu_evaluator_robust.cc).
+  Tolerance ContractTolerance(const TensorSpec& t) const;
+  // Fills e's precision contract: what it is held to, the baselines and what its speedups are against.
+  void NamePrecisionContract(Evaluation& e) const;
+  // The tolerance of output o on input set `set`: ContractTolerance, its atol
+  // scaled for a shifted set (ShiftedAtolScale), and at least as wide as that
+  // set's own measured PyTorch rounding allows (InputTransform::reference_error).
+  Tolerance SetTolerance(const OutputSlot& o, int set) const;
+  // A shifted set's atol: the output's scale changed with its inputs, and an
+  // absolute tolerance is relative to that scale (1 for a get_inputs() set).
+  double ShiftedAtolScale(const OutputSlot& o, int set) const;
   Status CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash);
   // Sum of squares of the finite values of a reference output (n elements).
   StatusOr<double> ReferenceSumSquares(const OutputSlot& o, int set);
@@ -257,6 +292,10 @@ class GpuEvaluator : public CandidateEvaluator {
   int worker_restarts_ = 0;
   uint64_t worker_heap_bytes_ = 0;
   double best_ms_ = 0;
+  // An evaluator of another shape (SetupOtherShapes): correctness on its
+  // get_inputs_variants() sets only, no shifted sets, no timing.
+  bool correctness_only_ = false;
+  std::vector<std::unique_ptr<GpuEvaluator>> shape_evaluators_;
 };
 
 }  // namespace ks

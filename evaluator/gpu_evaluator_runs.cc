@@ -154,7 +154,7 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
 
 GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double estimate_ms) {
   RunResult r;
-  const int sets = static_cast<int>(ref_.sets.size());
+  const int sets = ref_.JudgingSets();  // warm-up, like timing, on get_inputs() sets only
   if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, static_cast<uint64_t>(sets),
                                                                                  static_cast<uint64_t>(first_set)}));
       !s.ok()) {

@@ -317,6 +317,9 @@ SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_avai
   return f;
 }
 
+// Distribution-shifted sets the bridge may add (one per transform in transforms.py).
+constexpr int kTransformSets = 4;
+
 uint64_t ResidentMinBytes(const ReferenceOptions& opts) {
   if (opts.resident_min_bytes) return *opts.resident_min_bytes;
   if (std::string v = Env("KS_RESIDENT_MIN_BYTES"); !v.empty()) {
@@ -409,6 +412,12 @@ StatusOr<std::string> ReferenceData::FilePath(int set, const std::string& name) 
   return it->second;
 }
 
+int ReferenceData::JudgingSets() const {
+  int n = 0;
+  while (n < static_cast<int>(sets.size()) && sets[n].transform.empty()) ++n;
+  return n;
+}
+
 std::string DefaultReferenceCacheDir() {
   if (std::string d = Env("KS_CACHE_DIR"); !d.empty()) return d;
   if (std::string d = Env("XDG_CACHE_HOME"); !d.empty()) return (fs::path(d) / "kernelsearch" / "reference").string();
@@ -452,7 +461,44 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   if (j.contains("scalars") && j["scalars"].is_object())
     for (const auto& [k, v] : j["scalars"].items())
       if (v.is_number()) d.scalars[k] = v.get<double>();
+  if (j.contains("timing") && j["timing"].is_object() && j["timing"].contains("eager_fp32") &&
+      j["timing"]["eager_fp32"].is_object())
+    d.eager_fp32 = TimingFromJson(j["timing"]["eager_fp32"]);
+  if (j.contains("default_precision") && j["default_precision"].is_object() &&
+      j["default_precision"].contains("errors") && j["default_precision"]["errors"].is_object())
+    for (const auto& [name, e] : j["default_precision"]["errors"].items())
+      if (e.is_object())
+        d.default_precision_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0), e.value("max_abs", 0.0)};
+  if (j.contains("shape_variants") && j["shape_variants"].is_number_integer())
+    d.shape_variant_count = std::max(0, j["shape_variants"].get<int>());
+  if (j.contains("transforms") && j["transforms"].is_array())
+    for (const auto& t : j["transforms"]) {
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) continue;
+      InputTransform x;
+      x.name = t["name"].get<std::string>();
+      x.set = t.contains("set") && t["set"].is_number_integer() ? t["set"].get<int>() : -1;
+      x.note = t.value("note", "");
+      if (t.contains("reference_error") && t["reference_error"].is_object())
+        for (const auto& [name, e] : t["reference_error"].items())
+          if (e.is_object()) x.reference_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0)};
+      d.transforms.push_back(std::move(x));
+    }
   return d;
+}
+
+// A set's "transform" (transforms.py); the get_inputs() sets must all come
+// first, and a transform's set must say it is that transform's.
+Status CheckTransformOrder(const ReferenceData& d, const std::string& where) {
+  bool shifted = false;
+  for (const auto& s : d.sets) {
+    if (!s.transform.empty()) shifted = true;
+    else if (shifted) return InvalidArgument(where + ": a get_inputs() set after a distribution-shifted one");
+  }
+  for (const auto& t : d.transforms)
+    if (t.set >= 0 && (t.set >= static_cast<int>(d.sets.size()) || d.sets[t.set].transform != t.name))
+      return InvalidArgument(where + ": transform '" + t.name + "' names input set " + std::to_string(t.set) +
+                             ", which is not its set");
+  return Status::Ok();
 }
 
 // Every tensor of the signature must be present in a set, or a consumer would
@@ -494,9 +540,11 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
       set.files[name] = p.string();
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, set.files, set.seed, manifest_path));
+    set.transform = s.value("transform", "");
     d.sets.push_back(std::move(set));
   }
   if (d.sets.empty()) return InvalidArgument(manifest_path + ": no input sets");
+  KS_RETURN_IF_ERROR(CheckTransformOrder(d, manifest_path));
   return d;
 }
 
@@ -662,10 +710,12 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
       tensors[name] = std::move(t);
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, where));
+    set.transform = s.value("transform", "");
     d.sets.push_back(std::move(set));
     sets.push_back(std::move(tensors));
   }
   if (d.sets.empty()) return InvalidArgument(where + ": no input sets");
+  KS_RETURN_IF_ERROR(CheckTransformOrder(d, where));
   d.resident = std::make_shared<ResidentReference>(std::move(child), std::move(sets));
   return std::make_pair(std::move(d), std::move(j));
 }
@@ -696,7 +746,55 @@ Status WriteTimingEntry(const fs::path& cache, const fs::path& final_dir, const 
 
 }  // namespace
 
+namespace {
+StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const ReferenceOptions& opts);
+
+// The shapes of a variant's inputs, for messages: "x [7, 1000], w [3]".
+std::string InputShapes(const Signature& sig) {
+  std::string out;
+  for (const auto& t : sig.inputs) {
+    if (t.is_scalar) continue;
+    out += (out.empty() ? "" : ", ") + t.name + " [";
+    for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? ", " : "") + std::to_string(t.shape[i]);
+    out += "]";
+  }
+  return out;
+}
+}  // namespace
+
+std::string ShapeVariantName(const ReferenceData& variant) { return "at " + InputShapes(variant.signature); }
+
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts) {
+  KS_ASSIGN_OR_RETURN(ReferenceData d, PrepareOneReference(file, opts));
+  if (opts.shape_variant >= 0) return d;
+  for (int i = 0; i < d.shape_variant_count; ++i) {
+    ReferenceOptions vo = opts;
+    vo.shape_variant = i;
+    vo.sets = 2;       // correctness only: two sets tell a kernel that ignores its inputs
+    vo.time = false;   // never timed at other shapes
+    const std::string which = file + ": get_inputs_variants()[" + std::to_string(i) + "]";
+    auto v = PrepareOneReference(file, vo);
+    if (!v.ok()) return v.status().WithContext(which);
+    // The same inputs, parameters and outputs by name and dtype; only shapes may differ.
+    auto same = [](const std::vector<TensorSpec>& a, const std::vector<TensorSpec>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t k = 0; k < a.size(); ++k)
+        if (a[k].name != b[k].name || a[k].dtype != b[k].dtype || a[k].is_scalar != b[k].is_scalar) return false;
+      return true;
+    };
+    if (!same(v->signature.inputs, d.signature.inputs) || !same(v->signature.outputs, d.signature.outputs))
+      return InvalidArgument(which + " has other inputs or outputs (names, dtypes) than get_inputs(); only shapes "
+                             "may differ");
+    for (size_t k = 0; k < d.signature.parameters.size(); ++k)
+      if (v->signature.parameters[k].shape != d.signature.parameters[k].shape)
+        return InvalidArgument(which + ": the parameters' shapes change with the inputs; only inputs may");
+    d.shape_variants.push_back(std::move(v).value());
+  }
+  return d;
+}
+
+namespace {
+StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const ReferenceOptions& opts) {
   const auto started = std::chrono::steady_clock::now();
   if (opts.sets < 1) return InvalidArgument("the number of input sets must be at least 1");
   if (opts.device != "auto" && opts.device != "cuda" && opts.device != "cpu")
@@ -721,6 +819,9 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   // timing.py is part of the method whose results are cached.
   KS_ASSIGN_OR_RETURN(std::string timing_path, FindDataFile("reference/timing.py"));
   KS_ASSIGN_OR_RETURN(std::string timing_bytes, ReadFile(timing_path));
+  // So is transforms.py: the distribution-shifted sets are part of the entry.
+  KS_ASSIGN_OR_RETURN(std::string transforms_path, FindDataFile("reference/transforms.py"));
+  KS_ASSIGN_OR_RETURN(std::string transforms_bytes, ReadFile(transforms_path));
 
   if (opts.device == "cuda" && !py.cuda)
     return FailedPrecondition("--device cuda: torch " + py.torch_version + " in " + py.python + " sees no CUDA device");
@@ -738,8 +839,10 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     AddKeyField(key, "device", device_kind);
     AddKeyField(key, "bridge", bridge_bytes);
     AddKeyField(key, "timing", timing_bytes);
+    AddKeyField(key, "transforms", transforms_bytes);
     AddKeyField(key, "torch", py.torch_version);
     AddKeyField(key, "timed", timed && on_cuda ? "1" : "0");
+    if (opts.shape_variant >= 0) AddKeyField(key, "shape variant", std::to_string(opts.shape_variant));
     return Sha256Hex(key).substr(0, 32);
   };
   const std::string stem = fs::path(file).stem().string();
@@ -799,6 +902,12 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   }
   std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
+  if (opts.shape_variant >= 0) {
+    // Another shape: its own reference, without distribution-shifted sets.
+    for (const std::string& a : {std::string("--variant"), std::to_string(opts.shape_variant),
+                                 std::string("--transform-sets"), std::string("0")})
+      args.push_back(a);
+  }
   if (may_stay) {
     // Kept with the sets that fit the device budget (fewer than 2: ResourceExhausted naming the figures).
     for (const std::string& a : {std::string("--resident"), std::string("--resident-min-bytes"),
@@ -822,6 +931,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
       if (from.ok()) {
         d.eager = from->eager;
         d.compiled = from->compiled;
+        d.eager_fp32 = from->eager_fp32;
         d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
         TouchCacheEntry(timing_dir.string());
       }
@@ -840,12 +950,25 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   const Signature& sig = *parsed;
   KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(cache.string()));
   KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(cache.string()));
-  const SetFit fit = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
-  if (fit.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + fit.why);
+  const SetFit plain = FitSets(sig, opts.sets, cap, free_disk + usage.entry_bytes, opts.device_budget);
+  if (plain.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + plain.why);
+  // The distribution-shifted sets (transforms.py) share the room: where it is
+  // short, judging sets beyond two make way for them (a problem at KernelBench's
+  // sizes otherwise keeps none, and those are the problems users export).
+  const int shifted_max = opts.shape_variant >= 0 ? 0 : kTransformSets;  // none at another shape
+  const SetFit all = FitSets(sig, opts.sets + shifted_max, cap, free_disk + usage.entry_bytes, opts.device_budget);
+  SetFit fit = plain;
+  fit.sets = std::min(opts.sets, std::max(std::min(opts.sets, 2), all.sets - shifted_max));
+  const int transform_room = std::clamp(all.sets - fit.sets, 0, shifted_max);
+  fit.disk_bytes = std::max(plain.disk_bytes, all.disk_bytes);
   std::vector<std::string> warnings;
   if (fit.sets < opts.sets)
     warnings.push_back("using " + std::to_string(fit.sets) + " of the " + std::to_string(opts.sets) +
-                       " input sets asked for: " + fit.why);
+                       " input sets asked for" +
+                       (fit.sets < plain.sets ? " (and " + std::to_string(transform_room) +
+                                                    " distribution-shifted set(s) in the room of the others)"
+                                              : std::string()) +
+                       ": " + (plain.why.empty() ? all.why : plain.why));
   std::vector<std::string> evicted;
   KS_RETURN_IF_ERROR(MakeRoom(cache.string(), fit.disk_bytes, cap, "", &evicted).WithContext(file));
 
@@ -854,7 +977,8 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
   ScopedDirRemover remove_tmp(tmp);
   mark = std::chrono::steady_clock::now();
   KS_ASSIGN_OR_RETURN(json manifest,
-                      waiting->WriteFiles(file, json{{"out", tmp.string()}, {"sets", fit.sets}, {"time", opts.time}},
+                      waiting->WriteFiles(file, json{{"out", tmp.string()}, {"sets", fit.sets}, {"time", opts.time},
+                                                     {"transform_sets", transform_room}},
                                           opts.bridge));
   const double bridge_s = Since(mark);
   (void)manifest;  // read back from disk below, the same way a cache hit is
@@ -876,6 +1000,8 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
                    {"the same bridge process after the sizes (phases below)", bridge_s}});
   return adopt(std::move(d));
 }
+
+}  // namespace
 
 StatusOr<std::string> ReadTensorFile(const std::string& path, const TensorSpec& spec) {
   if (spec.is_scalar) return InvalidArgument("'" + spec.name + "' is a scalar; it has no tensor file");

@@ -96,6 +96,11 @@ struct ReferenceOptions {
   // The default is $KS_RESIDENT_MIN_BYTES, else 1 GiB; 0 = always resident
   // on a GPU; UINT64_MAX = never.
   std::optional<uint64_t> resident_min_bytes;
+  // Other shapes (issue 27): >= 0 prepares the reference of the problem's
+  // get_inputs_variants()[shape_variant] instead of get_inputs() (no
+  // distribution-shifted sets). -1, the default, prepares get_inputs()'s and
+  // then one reference per variant the problem declares (ReferenceData::shape_variants).
+  int shape_variant = -1;
 };
 
 // A tensor of a resident reference: where it lives in the bridge process's
@@ -134,6 +139,23 @@ class ResidentReference {
 struct ReferenceSet {
   uint64_t seed = 0;
   std::map<std::string, std::string> files;
+  // "" for a get_inputs() set; else the distribution shift its inputs had
+  // (evaluator/reference/transforms.py: "scale_up", "scale_down",
+  // "sign_flip", "outliers"). These sets come after every get_inputs() set.
+  std::string transform;
+};
+
+// One distribution shift of the inputs (evaluator/reference/transforms.py) as
+// the bridge prepared it for a problem: the input set it made, or why none
+// (dropped because the reference is not finite there, left out by the
+// problem's INPUT_TRANSFORMS, no room).
+struct InputTransform {
+  std::string name;
+  int set = -1;      // index into ReferenceData::sets; -1: not checked (note says why)
+  std::string note;  // what the transform does, or why it was not checked
+  // PyTorch's own float32 rounding on this set, by output, where measured
+  // (as Signature::reference_error for set 0): a shifted set rounds otherwise.
+  std::map<std::string, ReferenceError> reference_error;
 };
 
 // A complete reference directory, read back from its manifest.json. Plain data;
@@ -156,6 +178,25 @@ struct ReferenceData {
   // measured (the float64 run skipped or failed; Signature::reference_error).
   std::vector<std::string> notes;
   std::map<std::string, double> scalars; // scalar inputs by name
+  // Every transform the bridge knows, in the order they are checked; empty
+  // for a reference made before they existed.
+  std::vector<InputTransform> transforms;
+  // The precision contract: the reference runs in full fp32 (TF32 off), while
+  // PyTorch's defaults (which eager and compiled are timed with) compute cuDNN
+  // convolutions in TF32. By float32 output, how far the defaults are from the
+  // reference on input set 0 ({"rms", "rel_norm", "max_abs"}); empty where
+  // they give the same bits (no TF32 path here), and the baselines are one.
+  struct PrecisionError {
+    double rms = 0, rel_norm = 0, max_abs = 0;
+  };
+  std::map<std::string, PrecisionError> default_precision_error;
+  std::optional<TimingStats> eager_fp32;  // eager with TF32 off; only where the defaults differ
+  // Other shapes: how many input lists the problem's get_inputs_variants()
+  // returns (0 without one, as in KernelBench), and, for a reference of
+  // get_inputs(), the reference of each (two sets each, untimed): a candidate
+  // is also judged at those shapes through the same plan expressions.
+  int shape_variant_count = 0;
+  std::vector<ReferenceData> shape_variants;
   bool from_cache = false;               // true when an existing entry was reused
   int sets_requested = 0;                // ReferenceOptions::sets; sets.size() may be fewer (see warnings)
   std::vector<std::string> evicted;      // cache entries removed to make room for this one
@@ -170,6 +211,9 @@ struct ReferenceData {
 
   // Absolute path of tensor `name` in input set `set`.
   StatusOr<std::string> FilePath(int set, const std::string& name) const;
+  // The get_inputs() sets: the first JudgingSets() of `sets` (the others are
+  // distribution-shifted, ReferenceSet::transform).
+  int JudgingSets() const;
 };
 
 // $KS_CACHE_DIR, else $XDG_CACHE_HOME/kernelsearch/reference, else
@@ -187,6 +231,9 @@ std::string DefaultReferenceCacheDir();
 // which limit and by how much; least recently used entries are evicted to
 // make room, and temporary directories of killed runs are removed.
 StatusOr<ReferenceData> PrepareReference(const std::string& file, const ReferenceOptions& opts = {});
+
+// "at x [7, 1000]": which other shape a variant reference is, for messages.
+std::string ShapeVariantName(const ReferenceData& variant);
 
 // Reads a reference directory's manifest.json and checks that every file it
 // names exists with the size its signature implies (a truncated cache entry is

@@ -131,7 +131,9 @@ StatusOr<CacheUsage> ReadCacheUsage(const std::string& dir) {
     if (auto text = ReadFile(manifest.string(), 64u << 20); text.ok()) {
       auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (j.is_object()) {
-        if (j.contains("sets") && j["sets"].is_array()) e.sets = static_cast<int>(j["sets"].size());
+        if (j.contains("sets") && j["sets"].is_array())
+          for (const auto& s : j["sets"])  // get_inputs() sets and distribution-shifted ones apart
+            ++(s.is_object() && s.contains("transform") ? e.shifted_sets : e.sets);
         e.timed = ManifestHasTiming(j);
       }
     }

@@ -35,7 +35,8 @@ struct CacheEntry {
   uint64_t bytes = 0;      // every file under it
   std::time_t last_used = 0;
   int64_t last_used_ns = 0; // the same, finer: entries made within one second still have an order
-  int sets = 0;            // input sets it holds
+  int sets = 0;            // input sets it holds (get_inputs()'s)
+  int shifted_sets = 0;    // and distribution-shifted sets (evaluator/reference/transforms.py)
   bool timed = false;      // holds eager / torch.compile timings
 };
 

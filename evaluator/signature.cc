@@ -115,6 +115,17 @@ Tolerance Signature::ToleranceFor(const TensorSpec& output) const {
   return it == reference_error.end() ? t : WidenForRounding(t, it->second);
 }
 
+Tolerance ShiftedSetTolerance(Tolerance set0, Tolerance base, double scale, const ReferenceError* own) {
+  set0.atol *= scale;
+  if (!own) return set0;
+  base.atol *= scale;
+  const Tolerance widened = WidenForRounding(base, *own);
+  set0.atol = std::max(set0.atol, widened.atol);
+  set0.rel_norm = std::max(set0.rel_norm, widened.rel_norm);
+  set0.large_rel = std::max(set0.large_rel, widened.large_rel);
+  return set0;
+}
+
 namespace {
 std::string Short(double v) {
   char buf[32];

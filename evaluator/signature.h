@@ -89,6 +89,15 @@ inline constexpr double kMaxRoundingRelNorm = 1e-3;
 // arithmetic rounds 8192 times coarser than fp32, bf16 65536 times.
 Tolerance WidenForRounding(Tolerance t, const ReferenceError& e);
 
+// The tolerance on a distribution-shifted input set (issue 27): `set0` (the
+// output's tolerance on the get_inputs() sets, widened by set 0's rounding)
+// with its atol times `scale` (the output's RMS on this set over set 0's: an
+// absolute tolerance follows the output's scale), and at least as wide as the
+// dtype's `base` widened by this set's own measured rounding `own` (at this
+// set's scale already), where measured: a shifted set rounds otherwise
+// (outliers dominate a variance; a scaled sum cancels differently).
+Tolerance ShiftedSetTolerance(Tolerance set0, Tolerance base, double scale, const ReferenceError* own);
+
 // What the GPU evaluator's comparison (Compare in gpu_evaluator_internal.h)
 // finds for `out` against `ref` under `tol`, computed on the host: for
 // checking tolerance rules without a GPU. Elements are compared as doubles;

@@ -13,8 +13,15 @@ pre-included header), and launched with the CUDA driver, both through ctypes:
 no build step, no extra package. Plan expressions are evaluated against the
 shapes of each call's tensors and every argument is passed as the kernel's
 parameter takes it, by the evaluator's rules (ks_launch_plan.py). The kernel was
-verified at the problem's shapes (SIGNATURE); at other shapes it runs when its
-plan allows, unverified. No autograd: use it for inference.
+verified at the problem's shapes (SIGNATURE) on get_inputs()'s data and on
+distribution-shifted copies of it (ROBUSTNESS says what held); at other shapes
+it runs when its plan allows, unverified. No autograd: use it for inference.
+
+Before trusting it in your model, verify and time it on your own data:
+
+    from kernel_module import check, benchmark
+    print(check(model, *my_inputs))      # against the problem's Model, same weights
+    print(benchmark(model, *my_inputs))  # medians of the kernel and of PyTorch eager
 
 The kernel was compiled for @@TARGET@@. An arch-specific target (sm_90a:
 Hopper's wgmma, setmaxnreg) runs only on that architecture, so on any other
@@ -48,6 +55,9 @@ _problem = _load("ks_problem", "problem.py")
 SOURCE = "@@SOURCE@@"
 PLAN = json.loads("@@PLAN@@")
 SIGNATURE = json.loads("@@SIGNATURE@@")
+# What held beyond get_inputs() when the evaluator judged it (inputs scaled,
+# negated, with outliers): {"specialised", "broken_by", "checks"}; null when not recorded.
+ROBUSTNESS = json.loads("@@ROBUSTNESS@@")
 # Parameter kinds of each kernel, from the PTX NVRTC produced at export time.
 KERNELS = json.loads("@@KERNELS@@")
 # The plan as the evaluator resolved it at the signature's shapes.
@@ -445,3 +455,105 @@ class ModelNew(_problem.Model):
             raise ValueError("the reference returned %d outputs; the signature has %d" %
                              (len(outs), len(SIGNATURE["outputs"])))
         return [list(o.shape) for o in outs]
+
+
+# The evaluator's default bounds per dtype (evaluator/signature.cc): element-wise
+# atol/rtol, and the relative error norm ||out - ref|| / ||ref||.
+_DEFAULT_BOUNDS = {"float32": (1e-4, 1e-4, 1e-5), "float16": (1e-2, 1e-2, 5e-3), "bfloat16": (2e-2, 2e-2, 1e-2),
+                   "float64": (1e-8, 1e-6, 1e-9)}
+
+
+def compare(out, ref, dtype, tolerance=None):
+    """One output against its reference by the evaluator's rules: {"numel",
+    "mismatches" (outside atol + rtol * |ref|, NaN where the reference is
+    finite included), "max_abs", "rel_norm", "rel_norm_bound", "ok"}.
+    `tolerance` is the problem's TOLERANCE, if any."""
+    atol, rtol, rel_norm_bound = _DEFAULT_BOUNDS.get(dtype, (0.0, 0.0, 0.0))
+    if tolerance:
+        atol, rtol = tolerance.get("atol", atol), tolerance.get("rtol", rtol)
+        rel_norm_bound = tolerance.get("rel_norm", max(rel_norm_bound, rtol / 4))
+    o, r = out.detach().double().reshape(-1), ref.detach().double().reshape(-1)
+    if o.shape != r.shape:
+        return {"numel": r.numel(), "mismatches": r.numel(), "max_abs": float("inf"), "rel_norm": float("inf"),
+                "rel_norm_bound": rel_norm_bound, "ok": False, "why": "shape %s, expected %s" %
+                (list(out.shape), list(ref.shape))}
+    if not out.is_floating_point():
+        bad = int((o != r).sum())
+        return {"numel": r.numel(), "mismatches": bad, "max_abs": float((o - r).abs().max()) if r.numel() else 0.0,
+                "rel_norm": 0.0, "rel_norm_bound": 0.0, "ok": bad == 0}
+    finite = torch.isfinite(r)
+    d = (o - r).abs()
+    bad = (~torch.isfinite(o) & finite) | (finite & (d > atol + rtol * r.abs()))
+    bad = bad | (~finite & ~((o == r) | (torch.isnan(o) & torch.isnan(r))))
+    df, rf = d[finite & torch.isfinite(o)], r[finite & torch.isfinite(o)]
+    ref_norm = float(rf.norm()) if rf.numel() else 0.0
+    rel_norm = float(df.norm()) / ref_norm if ref_norm > 0 else float(df.norm()) if df.numel() else 0.0
+    mismatches = int(bad.sum())
+    return {"numel": r.numel(), "mismatches": mismatches, "max_abs": float(df.max()) if df.numel() else 0.0,
+            "rel_norm": rel_norm, "rel_norm_bound": rel_norm_bound,
+            "ok": mismatches == 0 and (rel_norm_bound <= 0 or rel_norm <= rel_norm_bound)}
+
+
+def _reference(model, inputs):
+    """The problem's own forward on the same module (same weights), in full
+    float32 as the evaluator's reference (TF32 off)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model._ks_reference_forward = True
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+    finally:
+        model._ks_reference_forward = False
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def check(model, *inputs):
+    """Verifies the exported kernel on your own inputs (any shapes its plan
+    allows, your data): ModelNew `model` against the problem's Model forward
+    on the same module, output by output, by the evaluator's rules (compare()).
+    Returns {"ok": bool, "outputs": [compare()'s figures with "name"]}; a
+    wrong answer is reported, not raised."""
+    got = model(*inputs)
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    ref = _reference(model, inputs)
+    outputs = []
+    for spec, o, r in zip(SIGNATURE["outputs"], got, ref):
+        figures = compare(o, r, spec["dtype"], SIGNATURE.get("tolerance"))
+        figures["name"] = spec["name"]
+        outputs.append(figures)
+    return {"ok": len(got) == len(ref) and all(f["ok"] for f in outputs), "outputs": outputs}
+
+
+def benchmark(model, *inputs, runs=50, warmup=5):
+    """Times the exported kernel and PyTorch eager (the problem's Model forward,
+    PyTorch's default settings) on your inputs with CUDA events: {"kernel_ms",
+    "eager_ms" (medians), "speedup", "runs"}."""
+    def median_ms(fn):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        times.sort()
+        return times[len(times) // 2]
+
+    def eager():
+        model._ks_reference_forward = True
+        try:
+            with torch.no_grad():
+                model(*inputs)
+        finally:
+            model._ks_reference_forward = False
+
+    with torch.no_grad():
+        kernel_ms = median_ms(lambda: model(*inputs))
+    eager_ms = median_ms(eager)
+    return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if kernel_ms > 0 else None,
+            "runs": runs}

@@ -106,6 +106,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       go.device = device;
       go.python = options.python;
       go.compile_threads = CompileThreadsPerGpu(devices.size());
+      go.precision = options.precision;
       return GpuEvaluator::Create(ref, go);
     };
     auto facts_of = [](GpuEvaluator* ev) {

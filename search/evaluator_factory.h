@@ -30,6 +30,8 @@ struct EvaluatorOptions {
   // behind an EvaluatorPool (search/evaluator_pool.h). With a fake spec, one
   // scripted evaluator per listed ordinal ("all" = one).
   std::string gpus;
+  // The precision contract a candidate is held to: "fp32" or "tf32" (GpuEvaluatorOptions::precision).
+  std::string precision = "fp32";
 };
 
 // An evaluator for one problem and what it knows about its device.

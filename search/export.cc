@@ -41,6 +41,14 @@ std::string EvaluatedTarget(const store::CandidateRow& c, const std::string& fal
   return target.empty() ? fallback : target;
 }
 
+// The evaluation's robustness (Evaluation::robustness), JSON null when not recorded.
+nlohmann::json StoredRobustness(const store::CandidateRow& c) {
+  if (!c.evaluation) return nullptr;
+  nlohmann::json e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+  if (!e.is_object() || !e.contains("robustness") || !e["robustness"].is_object()) return nullptr;
+  return e["robustness"];
+}
+
 std::string Describe(const store::CandidateRow& c) {
   if (!c.evaluation) return "not evaluated";
   nlohmann::json e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
@@ -48,8 +56,17 @@ std::string Describe(const store::CandidateRow& c) {
   std::string on = device.empty() ? "" : " on " + device;
   if (c.evaluation->status != EvalStatus::kCorrect)
     return std::string("NOT a correct kernel: evaluated ") + EvalStatusName(c.evaluation->status) + on;
-  if (c.evaluation->speedup_eager) return fmt::format("correct, {:.2f}x over PyTorch eager{}", *c.evaluation->speedup_eager, on);
-  return "correct" + on;
+  nlohmann::json robust = StoredRobustness(c);
+  std::string limit;
+  if (robust.is_object() && robust.value("specialised", false))
+    limit = "; SPECIALISED: " + RobustnessFromJson(robust).Summary() + "; check() it on your own inputs";
+  if (e.is_object() && e.value("precision", "") == "tf32")
+    limit += "; held to TF32 accuracy (--precision tf32: twice PyTorch's default TF32 error), not exact fp32";
+  else if (e.is_object() && e.value("precision", "") == "fp32")
+    limit += "; held to fp32 accuracy";
+  if (c.evaluation->speedup_eager)
+    return fmt::format("correct, {:.2f}x over PyTorch eager{}{}", *c.evaluation->speedup_eager, on, limit);
+  return "correct" + on + limit;
 }
 
 }  // namespace
@@ -146,6 +163,11 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
   KS_ASSIGN_OR_RETURN(store::CandidateRow c, store->GetCandidate(candidate_id));
   const std::string which = "candidate " + std::to_string(c.id);
   if (c.source.empty()) return FailedPrecondition(which + " has no kernel source (the model's reply held none)");
+  const nlohmann::json robustness = StoredRobustness(c);
+  if (!options.allow_specialised && robustness.is_object() && robustness.value("specialised", false))
+    return FailedPrecondition(which + " is " + RobustnessFromJson(robustness).Summary() +
+                              ". It may give wrong answers for your model's inputs; export it anyway with "
+                              "--allow-specialised (the module's check() verifies it on your data)");
   KS_ASSIGN_OR_RETURN(store::SearchRow search, store->GetSearch(c.search_id));
   KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store->GetProblem(search.problem_id));
   nlohmann::json sj = nlohmann::json::parse(problem.signature_json, nullptr, false);
@@ -186,7 +208,8 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
                                             {"PRELUDE_NAME", kNvrtcPreludeName},
                                             {"PRELUDE", NvrtcPrelude()},
                                             {"CUDA_HOME", cuda_home},
-                                            {"TARGET", target}}));
+                                            {"TARGET", target},
+                                            {"ROBUSTNESS", robustness.dump()}}));
   return std::vector<ExportedFile>{{"kernel.cu", c.source},
                                    {"plan.json", c.plan_json},
                                    {"problem.py", problem.source},

@@ -45,6 +45,10 @@ struct ExportOptions {
   std::string arch = "sm_90a";
   std::string worker_path;  // ks-worker; "" = FindWorker
   std::string cuda_home;    // "" = FindCudaHome
+  // A specialised kernel (correct on get_inputs() only; a distribution-shifted
+  // input set broke it) is refused unless this is set: a user would otherwise
+  // put a kernel into a model whose inputs it may get wrong, unwarned.
+  bool allow_specialised = false;
 };
 
 struct ExportedFile {

@@ -358,6 +358,7 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
     KS_ASSIGN_OR_RETURN(auto earlier, store_->FindEvaluatedByHash(search_.problem_id, hash));
     if (earlier) {
       KS_ASSIGN_OR_RETURN(Evaluation e, StoredEvaluation(*earlier));
+      if (config_.require_robust) RequireRobust(e);
       for (const CandidateRow* c : group) {
         KS_RETURN_IF_ERROR(store_->PutEvaluation(c->id, e, earlier->id));
         Evaluated(c->round, c->id, e, true);
@@ -377,7 +378,8 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
       return Internal(fmt::format("evaluator returned {} results for {} candidates", results->size(), batch.size()));
     for (size_t i = 0; i < batch.size(); ++i) {
       const auto& group = groups[batch_hashes[i]];
-      const Evaluation& e = (*results)[i];
+      Evaluation e = (*results)[i];
+      if (config_.require_robust) RequireRobust(e);
       int64_t first = group.front()->id;
       for (const CandidateRow* c : group) {
         std::optional<int64_t> from;

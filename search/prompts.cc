@@ -173,6 +173,7 @@ std::string MeasurementsText(const ParentKernel& parent) {
   }
   const Evaluation& e = *parent.evaluation;
   out += std::string("- Status: ") + EvalStatusName(e.status) + (e.device.empty() ? "" : " on " + e.device) + "\n";
+  if (e.specialised()) out += "- Inputs: " + e.robustness->Summary() + "\n";  // what to fix before speed
   if (e.timing) out += "- Time: " + Timing(*e.timing) + "\n";
   if (e.eager) out += "- PyTorch eager: " + Timing(*e.eager) + "\n";
   if (e.compiled) out += "- torch.compile: " + Timing(*e.compiled) + "\n";
@@ -221,6 +222,7 @@ std::string IndexInShape(const std::string& name, int64_t flat, const std::vecto
 std::string FiguresLine(const Evaluation& e) {
   std::string out;
   if (e.timing) out += fmt::format("{:.4f} ms", e.timing->median_ms);
+  if (e.specialised()) out += fmt::format(" (specialised: '{}' broke it)", e.robustness->broken_by);
   if (e.speedup_eager) out += fmt::format(", {:.2f}x eager", *e.speedup_eager);
   if (e.speedup_compile) out += fmt::format(", {:.2f}x torch.compile", *e.speedup_compile);
   if (e.roofline && e.roofline->floor_ms > 0)

@@ -124,7 +124,8 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
     max_round = std::max(max_round, c.round);
     nlohmann::json e;
     std::optional<double> fraction;
-    std::string message, floor_text, counters_text;
+    std::string message, robustness, floor_text, counters_text;
+    bool specialised = false;
     if (c.evaluation) {
       e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
       if (e.is_object()) {
@@ -139,6 +140,12 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
         if (!compile_ms && e.contains("compiled") && e["compiled"].is_object())
           compile_ms = e["compiled"].value("median_ms", 0.0);
         message = e.value("message", std::string());
+        if (e.contains("robustness") && e["robustness"].is_object()) {
+          // What held beyond get_inputs(): a specialised kernel is marked in the table and its detail.
+          Robustness r = RobustnessFromJson(e["robustness"]);
+          specialised = r.specialised();
+          robustness = r.Summary();
+        }
       }
     }
     std::vector<int64_t> bank;
@@ -158,6 +165,8 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
                   {"message", message},
                   {"floor", floor_text},
                   {"counters", counters_text},
+                  {"specialised", specialised},
+                  {"robustness", robustness},
                   {"source", c.source.empty() ? c.raw_response : c.source},
                   {"plan", c.plan_json},
                   {"evaluation", e},

@@ -85,7 +85,8 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"seed_label", c.seed_label},
           {"gpu", GpuFactsToJson(c.gpu)},
           {"bank", c.bank},
-          {"allow_degenerate", c.allow_degenerate}};
+          {"allow_degenerate", c.allow_degenerate},
+          {"require_robust", c.require_robust}};
 }
 
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
@@ -93,7 +94,8 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
   static const std::set<std::string> kKeys = {
       "rounds", "ideas", "branches", "beam", "repair_attempts", "profile_top", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
-      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "allow_degenerate"};
+      "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "allow_degenerate",
+      "require_robust"};
   for (const auto& [key, value] : j.items())
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
@@ -119,6 +121,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     if (j.contains("gpu")) c.gpu = GpuFactsFromJson(j.at("gpu"));
     c.bank = j.value("bank", c.bank);
     c.allow_degenerate = j.value("allow_degenerate", c.allow_degenerate);
+    c.require_robust = j.value("require_robust", c.require_robust);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("search config: ") + e.what());
   }

@@ -60,6 +60,11 @@ struct SearchConfig {
   // right kernel from a wrong one). Checked on the GPU side, where the
   // reference is computed (search/search_setup.h), so it travels with the search.
   bool allow_degenerate = false;
+  // `search --require robust`: a kernel correct on the get_inputs() sets but
+  // broken by a distribution-shifted set (Evaluation::specialised) counts as
+  // incorrect, and its repair prompt names the transform. Otherwise it is
+  // correct, ranked after every robust kernel.
+  bool require_robust = false;
 
   Status Validate() const;
 };

@@ -4,6 +4,17 @@
 
 namespace ks {
 
+namespace {
+// A kernel a distribution-shifted input set broke (Evaluation::specialised):
+// it ranks after every robust one, so that the beam and the best prefer a
+// kernel that holds for the inputs a user's model will feed it.
+bool Specialised(const CandidateRow& c) {
+  auto j = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("robustness") && j["robustness"].is_object() &&
+         j["robustness"].value("specialised", false);
+}
+}  // namespace
+
 std::vector<int64_t> SelectBeam(const std::vector<store::CandidateRow>& correct, int beam_size, uint64_t seed) {
   // Exact ties go by a seeded hash of the content, not by id, so that two runs
   // of the same search (continuous or split) choose the same kernels.
@@ -14,6 +25,7 @@ std::vector<int64_t> SelectBeam(const std::vector<store::CandidateRow>& correct,
     remaining.emplace_back(c, tie_key(c));
   }
   std::stable_sort(remaining.begin(), remaining.end(), [](const auto& a, const auto& b) {
+    if (Specialised(a.first) != Specialised(b.first)) return !Specialised(a.first);
     if (*a.first.evaluation->median_ms != *b.first.evaluation->median_ms)
       return *a.first.evaluation->median_ms < *b.first.evaluation->median_ms;
     return a.second < b.second;
@@ -26,6 +38,7 @@ std::vector<int64_t> SelectBeam(const std::vector<store::CandidateRow>& correct,
     size_t pick = 0;
     for (size_t i = 0; i < remaining.size(); ++i) {
       if (*remaining[i].first.evaluation->median_ms > fastest * (1 + kTieTolerance)) break;
+      if (Specialised(remaining[i].first) != Specialised(remaining.front().first)) break;  // never a tie
       if (!ideas_in_beam.count(remaining[i].first.idea_id)) {
         pick = i;
         break;

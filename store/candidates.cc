@@ -188,12 +188,18 @@ StatusOr<std::optional<CandidateRow>> LineageStore::FindEvaluatedByHash(int64_t 
   return std::optional<CandidateRow>(std::move(c));
 }
 
+// Robust kernels first (issue 27): a kernel that a distribution-shifted input
+// set broke (the evaluation's robustness.specialised) ranks after every
+// robust one, however fast, so that the best kernel is one that holds.
+constexpr const char* kSpecialisedLast =
+    "COALESCE(json_extract(e.evaluation_json, '$.robustness.specialised'), 0)";
+
 StatusOr<std::vector<CandidateRow>> LineageStore::CorrectCandidates(int64_t search_id) {
   std::lock_guard<std::mutex> lock(mu_);
   KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
                  " FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
                  "WHERE c.search_id = ? AND e.status = 'correct' "
-                 "ORDER BY e.median_ms IS NULL, e.median_ms, c.id");
+                 "ORDER BY e.median_ms IS NULL, " + kSpecialisedLast + ", e.median_ms, c.id");
   q.Bind(1, search_id);
   return ReadCandidates(q);
 }
@@ -210,7 +216,7 @@ StatusOr<std::optional<CandidateRow>> LineageStore::BestCorrectForProblem(int64_
                  " FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
                  "JOIN searches s ON s.id = c.search_id "
                  "WHERE s.problem_id = ? AND e.status = 'correct' "
-                 "ORDER BY e.median_ms IS NULL, e.median_ms, c.id LIMIT 1");
+                 "ORDER BY e.median_ms IS NULL, " + kSpecialisedLast + ", e.median_ms, c.id LIMIT 1");
   q.Bind(1, problem_id);
   KS_ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return std::optional<CandidateRow>();

@@ -127,6 +127,9 @@ class Problem:
         self.abspath = os.path.abspath(path)
         self.name = os.path.splitext(os.path.basename(path))[0]
         self.module = None
+        # Which of get_inputs_variants()'s input lists inputs() returns (other
+        # shapes, issue 27); None: get_inputs() itself.
+        self.variant = None
 
     # -- errors -------------------------------------------------------------------
 
@@ -215,6 +218,15 @@ class Problem:
         desc = getattr(m, "DESCRIPTION", None)
         if desc is not None and not isinstance(desc, str):
             raise self.fail("bad_metadata", "DESCRIPTION must be a string, got %s" % type(desc).__name__)
+        variants = getattr(m, "get_inputs_variants", None)
+        if variants is not None and not callable(variants):
+            raise self.fail("bad_metadata", "get_inputs_variants is not a function (it returns a list of input lists, "
+                            "each like get_inputs()'s at other shapes)")
+        if getattr(m, "INPUT_TRANSFORMS", None) is not None:
+            import transforms
+            why = transforms.check_metadata(m.INPUT_TRANSFORMS)
+            if why:
+                raise self.fail("bad_metadata", why)
 
     @property
     def tolerance(self):
@@ -284,14 +296,41 @@ class Problem:
             raise self.fail("no_model", "Model(...).to() did not return a module")
         return model
 
+    def variant_count(self):
+        """How many input lists get_inputs_variants() returns (0 without it),
+        counted on the meta device where it can be: nothing is allocated."""
+        fn = getattr(self.module, "get_inputs_variants", None)
+        if fn is None:
+            return 0
+        try:
+            with _meta_mode_class()():
+                values = fn()
+        except Exception:  # noqa: BLE001 - counted for real below, errors reported there
+            try:
+                values = fn()
+            except Exception as e:  # noqa: BLE001
+                raise self.error("get_inputs_error", "get_inputs_variants()", e)
+        if not isinstance(values, (list, tuple)) or not all(isinstance(v, (list, tuple)) for v in values):
+            raise self.fail("bad_inputs", "get_inputs_variants() must return a list of input lists (each like "
+                            "get_inputs()'s), got %s" % type(values).__name__)
+        return len(values)
+
     def inputs(self, seed, device):
         import torch
         _seed_everything(seed)
+        what = "get_inputs()" if self.variant is None else "get_inputs_variants()"
         try:
             with _creating_on(device):
-                values = self.module.get_inputs()
+                if self.variant is None:
+                    values = self.module.get_inputs()
+                else:
+                    variants = self.module.get_inputs_variants()
+                    values = variants[self.variant] if isinstance(variants, (list, tuple)) and \
+                        len(variants) > self.variant else None
         except Exception as e:  # noqa: BLE001
-            raise self.error("get_inputs_error", "get_inputs()", e)
+            raise self.error("get_inputs_error", what, e)
+        if values is None:
+            raise self.fail("bad_inputs", "get_inputs_variants() has no input list %d" % self.variant)
         if not isinstance(values, (list, tuple)):
             raise self.fail("bad_inputs", "get_inputs() must return a list, got %s" % type(values).__name__)
         out = []
@@ -1066,14 +1105,14 @@ def _float64_fits(need, device):
     return need <= 0.8 * available, available
 
 
-def _forward_float64(problem, model, set_seed, device):
+def _forward_float64(problem, model, set_seed, device, make_inputs=None):
     """forward of a float64 copy of model on input set `set_seed` converted to
     float64 (integer inputs and scalars unchanged). Its own frame holds the
     copies, so they are freed when it returns or raises."""
     import torch
     floats = (torch.float32, torch.float16, torch.bfloat16)
     model64 = _float64_copy(model)
-    inputs = problem.inputs(set_seed, device)
+    inputs = make_inputs() if make_inputs is not None else problem.inputs(set_seed, device)
     for i, v in enumerate(inputs):
         if isinstance(v, torch.Tensor) and v.dtype in floats:
             inputs[i] = v.to(torch.float64)
@@ -1086,7 +1125,8 @@ def _forward_float64(problem, model, set_seed, device):
     return problem._outputs(result)
 
 
-def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes):
+def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes,
+                     make_inputs=None, max_s=None):
     """PyTorch's own rounding error for each float32 output of one input set:
     the same model and inputs in float64, compared with the float32 outputs.
 
@@ -1106,7 +1146,7 @@ def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_
         return {}, None
     what = "the float64 run that measures PyTorch's own float32 rounding"
     keep = "float32 outputs keep the default tolerance"
-    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S)) if max_s is None else max_s
     ratio = _float64_speed_ratio(device)
     if forward_s * ratio > limit:
         return {}, ("%s was skipped: it would take about %.1f s (float32 forward %.2f s, float64 %.0fx slower on "
@@ -1121,7 +1161,7 @@ def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_
     oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
     errors, left_out, note = {}, [], None
     try:
-        result = _forward_float64(problem, model, set_seed, device)
+        result = _forward_float64(problem, model, set_seed, device, make_inputs)
         if len(result) != len(outputs):
             raise ValueError("forward returns %d outputs in float64, %d in float32" % (len(result), len(outputs)))
         for (name, t32), (_, t64) in zip(outputs, result):
@@ -1149,6 +1189,57 @@ def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_
                      "needs a TOLERANCE of its own)" % (name, e["rel_norm"], MAX_ROUNDING_REL_NORM))
             note = extra if note is None else note + "; " + extra
     return errors, note
+
+
+def measure_default_precision(problem, model, snapshot, set_seed, device, outputs, tf32_defaults):
+    """The precision contract (issue 27): the reference runs in full fp32
+    (TF32 off), while PyTorch's defaults, which users run and eager and
+    torch.compile are timed with, compute cuDNN convolutions (and matmuls, where
+    torch.backends.cuda.matmul.allow_tf32 is on) in TF32. This runs input set
+    `set_seed` once more with the defaults and returns ({name: {"rms",
+    "rel_norm", "max_abs"}} of default - fp32 for each float32 output that
+    differs, note). {} when every output has the same bits (no TF32 path: no
+    convolution, a CPU, defaults off): the two baselines are then one. The
+    model's state is restored before, the flags after."""
+    import torch
+    if device.type != "cuda" or not any(tf32_defaults):
+        return {}, None
+    names = [name for name, t in outputs if t.dtype == torch.float32]
+    if not names:
+        return {}, None
+    what = "the run with PyTorch's default precision (TF32)"
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
+        _restore_state(model, snapshot)
+        inputs = problem.inputs(set_seed, device)
+        _seed_everything(set_seed)
+        result = problem.forward(model, inputs)
+        del inputs
+    except oom:
+        return {}, "%s ran out of GPU memory: only the fp32 baseline is known" % what
+    except BridgeError as e:
+        return {}, "%s failed (%s): only the fp32 baseline is known" % (what, e.message[:200])
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+        _restore_state(model, snapshot)
+    errors = {}
+    for (name, t32), (_, td) in zip(outputs, result):
+        if name not in names or td.shape != t32.shape or td.dtype != t32.dtype or torch.equal(td, t32):
+            continue
+        e = _rounding_error(td, t32)
+        a, b = td.detach().reshape(-1), t32.detach().reshape(-1)
+        worst = 0.0
+        for i in range(0, a.numel(), CHUNK_ELEMENTS):
+            d = (a[i:i + CHUNK_ELEMENTS].double() - b[i:i + CHUNK_ELEMENTS].double()).abs()
+            d = d[torch.isfinite(d)]
+            if d.numel():
+                worst = max(worst, float(d.max()))
+        e["max_abs"] = worst
+        errors[name] = e
+    del result
+    return errors, None
 
 
 def _rounding_error(t32, t64):
@@ -1265,9 +1356,11 @@ def _same_data(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
-def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None):
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
-    or keeps them on the GPU when `resident` (a _Resident) is given.
+    or keeps them on the GPU when `resident` (a _Resident) is given; then up
+    to `transform_room` distribution-shifted sets (transforms.py,
+    add_transformed_sets), after the K sets, each marked with its transform.
 
     Returns the manifest dict (without "files" when out_dir is None; with "ipc"
     per set when resident). torch.compile is timed by the CompileHelper
@@ -1325,6 +1418,7 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     input_hashes, output_hashes = [], []
     input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
     timing_sets, kept_bytes = [], 0
+    base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
     for i in range(sets):
         set_seed = seed + 1 + i
         phase("writing files")  # the parameters, before the first set
@@ -1381,6 +1475,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             if note:
                 notes.add_plain(note)
             phase("float64 rounding check")
+            default_error, note = measure_default_precision(problem, model, snapshot, set_seed, device, outputs,
+                                                            tf32_defaults)
+            if note:
+                notes.add_plain(note)
+            phase("PyTorch's default precision (TF32) check")
         ospecs = output_specs(problem, outputs)
         if sig_outputs is None:
             sig_outputs = ospecs
@@ -1391,6 +1490,8 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         for (name, t), spec in zip(outputs, ospecs):
             atol, rtol = _tolerance_for(problem, spec["dtype"], rounding.get(name))
             st = output_stats(t, atol, rtol)
+            if i == 0:
+                base_nonfinite[name] = st["nan"] + st["inf"]
             for key, msg in degenerate_reasons(name, st, atol, rtol):
                 warnings.add((name, key), msg, i)
             for key, msg in near_degenerate_notes(name, st):
@@ -1436,6 +1537,11 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     # What makes the reference unable to judge (the GPU side of a search stops on
     # these), apart from the timing warnings that follow.
     degenerate = warnings.messages(sets)
+    transform_info, t_kept = add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device,
+                                                  out_dir, resident, sets, transform_room, base_nonfinite,
+                                                  manifest_sets, files_params, notes, forward_s, peak_forward)
+    phase("distribution-shifted input sets")
+
     timing = {"eager": None, "compiled": None}
     if do_time and device.type == "cuda":
         import timing as ks_timing
@@ -1463,8 +1569,18 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             if note:  # it failed after compiling: timed here, as without a helper
                 notes.add_plain(note)
                 eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        eager_fp32 = None
+        if default_error:
+            # The defaults compute in TF32 here: eager at the precision the
+            # candidate is held to as well, so that a speedup can name either.
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            t0 = time.monotonic()
+            with torch.no_grad():
+                eager_fp32 = ks_timing.Timer(device).measure(model, timing_sets)
+            phases["eager timing with TF32 off"] = time.monotonic() - t0
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
         clock[0] = time.monotonic()
-        timing = {"eager": eager, "compiled": compiled}
+        timing = {"eager": eager, "compiled": compiled, "eager_fp32": eager_fp32}
         for w in timing_warnings:
             warnings.add_plain(w)
     del timing_sets
@@ -1475,14 +1591,21 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             _keep_inputs_pristine(problem, sig_inputs, input_hashes, input_prints, i, seed + 1 + i, device)
         torch.cuda.empty_cache()
         names = [spec["name"] for spec in sig_inputs if spec["kind"] == "tensor"]
-        for i, entry in enumerate(manifest_sets):
+        for i, entry in enumerate(manifest_sets[:sets]):
             ipc = dict(ipc_params)
             for name, t in zip(names, input_hashes[i]):
                 ipc[name] = resident.export(t)
             for spec, t in zip(sig_outputs, output_hashes[i]):
                 ipc[spec["name"]] = resident.export(t)
             entry["ipc"] = ipc
-        del input_hashes, output_hashes
+        for entry, (t_inputs, t_outputs) in zip(manifest_sets[sets:], t_kept):
+            ipc = dict(ipc_params)
+            for name, t in t_inputs.items():
+                ipc[name] = resident.export(t)
+            for name, t in t_outputs.items():
+                ipc[name] = resident.export(t)
+            entry["ipc"] = ipc
+        del input_hashes, output_hashes, t_kept
         phase("export (CUDA IPC)")
 
     manifest = {
@@ -1496,11 +1619,136 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
         "warnings": warnings.messages(sets),
         "degenerate": degenerate,
         "notes": notes.messages(sets),
+        # The precision contract: how far PyTorch's defaults (TF32 in cuDNN convolutions)
+        # are from the full-fp32 reference, by float32 output; {} where they give the same bits.
+        "default_precision": {"tf32_defaults": list(tf32_defaults), "errors": default_error},
+        # Other shapes (get_inputs_variants()): how many the problem declares
+        # (each is a reference of its own, bridge.py reference --variant I), or
+        # which one this reference is.
+        "shape_variants": problem.variant_count() if problem.variant is None else 0,
+        "shape_variant": problem.variant,
+        # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
+        "transforms": transform_info,
         "scalars": scalars,
         # Wall seconds per phase of this bridge run, in order (not part of any result).
         "phases": [[k, round(v, 3)] for k, v in phases.items()],
     }
     return manifest
+
+
+def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
+                         room, base_nonfinite, manifest_sets, files_params, notes, forward_s=0.0, peak_forward=0):
+    """The distribution-shifted input sets (transforms.py), appended to
+    manifest_sets after the K get_inputs() sets: at most `room` of them (None:
+    not asked for, as by `check`), each input set 0 transformed, with
+    PyTorch's output on it as its reference; files in out_dir, or kept on the
+    GPU (resident: exported by the caller). Returns (info, kept): info has
+    one entry per transform, {"name", "set": its index or None, "note": what
+    it does, or why it has no set, and "reference_error": PyTorch's own float32
+    rounding on that set, as measure_rounding measures set 0's, where it was
+    measured}; kept, per set made (resident only), the ({input name: tensor},
+    {output name: tensor}) to export. The float64 runs of all shifted sets
+    together stay within one $KS_FP64_CHECK_MAX_S."""
+    import time
+    import torch
+    import transforms
+    info, kept = [], []
+    if room is None:
+        return info, kept
+    wanted = transforms.chosen(problem.module)
+    set_seed = seed + 1  # input set 0, transformed
+    tensor_specs = [spec for spec in sig_inputs if spec["kind"] == "tensor"]
+
+    def fresh(name):
+        # Set 0's inputs made again and, on a GPU, transformed in place: one copy
+        # of a multi-GB input in memory. There get_inputs() draws its tensors on
+        # the device or they are moved there, a new tensor each call; on the CPU a
+        # problem may hand back one module-level tensor every time, which must
+        # not change under the other sets (they are small there: copied).
+        return transforms.apply(name, problem.inputs(set_seed, device), set_seed, in_place=device.type == "cuda")
+
+    no_floats = not any(spec["kind"] == "tensor" and spec["dtype"] in ("float32", "float16", "bfloat16", "float64")
+                        for spec in sig_inputs)
+    # A shifted set rounds differently from set 0 (outliers dominate a variance,
+    # a scaled sum cancels otherwise): its own float64 run widens its tolerance.
+    fp64_left = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    for name in transforms.TRANSFORMS:
+        if name not in wanted:
+            info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})
+            continue
+        if no_floats:
+            info.append({"name": name, "set": None, "note": "not checked: the problem has no floating-point input "
+                         "tensor to transform"})
+            continue
+        if len(manifest_sets) - sets >= room:
+            note = ("not checked: no room for another input set (the cache cap, the free disk or the GPU's free "
+                    "memory)")
+            info.append({"name": name, "set": None, "note": note})
+            notes.add_plain("transform '%s' %s" % (name, note))
+            continue
+        index = len(manifest_sets)
+        inputs = fresh(name)
+        files, t_inputs, prints = dict(files_params), {}, []
+        set_dir = os.path.join(out_dir, "set%d" % index) if out_dir is not None else None
+        if set_dir:
+            os.makedirs(set_dir, exist_ok=True)
+        for spec, v in zip(tensor_specs, [v for v in inputs if isinstance(v, torch.Tensor)]):
+            if resident is not None:
+                t_inputs[spec["name"]] = v.contiguous()
+                prints.append(_fingerprint(t_inputs[spec["name"]]))
+            elif set_dir:
+                store_tensor(v, os.path.join(set_dir, spec["name"] + ".bin"))
+                files[spec["name"]] = "set%d/%s.bin" % (index, spec["name"])
+        _restore_state(model, snapshot)
+        _seed_everything(set_seed)
+        why = None
+        try:
+            outputs = problem.forward(model, inputs)
+        except BridgeError as e:
+            outputs, why = None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
+        if outputs is not None and output_specs(problem, outputs) != sig_outputs:
+            why = "forward() returns other output shapes or dtypes on these inputs"
+        if why is None:
+            for (oname, t) in outputs:
+                bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
+                if bad > before:
+                    why = ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has %d "
+                           "(outside the operator's domain or range)" % (oname, bad, before))
+                    break
+        if why is not None:
+            note = "dropped: %s" % why
+            info.append({"name": name, "set": None, "note": note})
+            notes.add_plain("transform '%s' (%s) %s" % (name, transforms.DESCRIPTIONS[name], note))
+            if set_dir:
+                import shutil
+                shutil.rmtree(set_dir, ignore_errors=True)
+            del outputs
+            continue
+        rounding = {}
+        if fp64_left > 0:
+            t0 = time.monotonic()
+            _restore_state(model, snapshot)
+            rounding, _ = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
+                                           make_inputs=lambda: fresh(name), max_s=fp64_left)
+            _restore_state(model, snapshot)
+            fp64_left -= time.monotonic() - t0
+        t_outputs = {}
+        for oname, t in outputs:
+            if resident is not None:
+                t_outputs[oname] = t.detach().contiguous()
+            elif set_dir:
+                store_tensor(t, os.path.join(set_dir, oname + ".bin"))
+                files[oname] = "set%d/%s.bin" % (index, oname)
+        del outputs
+        if resident is not None:
+            # forward changed an input in place: the transform is deterministic, so make it again.
+            if [_fingerprint(t) for t in t_inputs.values()] != prints:
+                again = [v for v in fresh(name) if isinstance(v, torch.Tensor)]
+                t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
+            kept.append((t_inputs, t_outputs))
+        manifest_sets.append({"seed": set_seed, "files": files, "transform": name})
+        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name], "reference_error": rounding})
+    return info, kept
 
 
 def write_manifest(out_dir, manifest):
@@ -1669,7 +1917,8 @@ def cmd_time_compiled(problem, args):
     free, _ = torch.cuda.mem_get_info(device)
     # What the reference process will hold (fit_resident's rule, whichever
     # path it takes) comes first; the helper takes what is left, with margin.
-    main_sets, _ = fit_resident(sig, args.sets, int(0.9 * free))
+    # (The judging sets and the distribution-shifted ones, transforms.py.)
+    main_sets, _ = fit_resident(sig, args.sets + 4, int(0.9 * free))
     spare = 0.9 * free - (4 * par + 2 * out + max(main_sets, 1) * (3 * inp + out))
     k = min(2, args.sets)
     while k > 1 and par + k * inp + 2 * out > 0.5 * spare:
@@ -1702,14 +1951,15 @@ def _answer_line(obj):
 
 def _files_request():
     """reference --then-files: the caller's one-line request on stdin after
-    the signature: {"out": DIR, "sets": K, "time": bool}, or None when it
+    the signature: {"out": DIR, "sets": K, "time": bool, "transform_sets": T
+    (room for T distribution-shifted sets; absent: none)}, or None when it
     closed stdin (it found what it needed elsewhere, or gave up)."""
     line = sys.stdin.readline()
     if not line.strip():
         return None
     try:
         req = json.loads(line)
-        return str(req["out"]), int(req["sets"]), bool(req.get("time", False))
+        return str(req["out"]), int(req["sets"]), bool(req.get("time", False)), int(req.get("transform_sets", 0))
     except (ValueError, KeyError, TypeError) as e:
         raise BridgeError("bad_arguments", "bridge.py: bad request after the signature: %s: %r" % (e, line[:200]))
 
@@ -1738,24 +1988,35 @@ def cmd_reference(problem, args):
                 req = _files_request()
                 if req is None:
                     return None
-                out, sets, do_time = req
-                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time)
+                out, sets, do_time, room = req
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room)
                 write_manifest(out, manifest)
                 return manifest
-            sets, why = fit_resident(sig, args.sets, args.device_budget)
-            if sets < min(args.sets, 2):
+            plain, why = fit_resident(sig, args.sets, args.device_budget)
+            if plain < min(args.sets, 2):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
+            # The distribution-shifted sets share the room: where it is short,
+            # judging sets beyond two make way for them (PrepareReference's rule).
+            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget)
+            sets = min(args.sets, max(min(args.sets, 2), total - args.transform_sets))
+            room = max(0, min(args.transform_sets, total - sets))
             if sets < args.sets:
-                warning = "using %d of the %d input sets asked for: %s" % (sets, args.sets, why)
+                warning = "using %d of the %d input sets asked for%s: %s" % (
+                    sets, args.sets, " (and %d distribution-shifted set(s) in the room of the others)" % room
+                    if sets < plain else "", why or why_all)
+        else:
+            room = args.transform_sets
         _RESIDENT = _Resident()
-        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT)
+        manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
+                                 transform_room=room)
         manifest["resident"] = True
         if warning:
             manifest["warnings"].insert(0, warning)
         return manifest
     if not args.out:
         raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident / --then-files)")
-    manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time)
+    manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time,
+                             transform_room=args.transform_sets)
     write_manifest(args.out, manifest)
     return manifest
 
@@ -1819,6 +2080,11 @@ def _parser():
             s.add_argument("--then-files", action="store_true")
             s.add_argument("--resident-min-bytes", type=int, default=None)
             s.add_argument("--device-budget", type=int, default=0)
+            # Room for this many distribution-shifted sets (transforms.py); 0: none.
+            s.add_argument("--transform-sets", type=int, default=4)
+        if name in ("signature", "reference"):
+            # The problem's input list I of get_inputs_variants() instead of get_inputs() (other shapes).
+            s.add_argument("--variant", type=int, default=None)
     s = sub.add_parser("peaks")
     s.add_argument("--index", type=int, default=0)
     s.add_argument("--n", type=int, default=8192)
@@ -1860,6 +2126,7 @@ def main(argv):
         if args.command == "peaks":
             return emit(cmd_peaks(args), 0)
         problem = Problem(args.problem).load()
+        problem.variant = getattr(args, "variant", None)
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check,
                   "time-compiled": cmd_time_compiled}[args.command](
             problem, args)

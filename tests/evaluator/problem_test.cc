@@ -331,7 +331,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"bad_complex.py", "dtype complex64"},
                       BadCase{"bad_import.py", "No module named 'kernelsearch_no_such_module'"},
                       BadCase{"no_such_problem.py", "no such file"},
-                      BadCase{"bad_tolerance_key.py", "keys: atol, rtol, rel_norm, large_rel, large_share"}),
+                      BadCase{"bad_tolerance_key.py", "keys: atol, rtol, rel_norm, large_rel, large_share"},
+                      BadCase{"bad_input_transforms.py", "INPUT_TRANSFORMS names unknown transform(s) 'scale'"}),
     [](const auto& info) {
       std::string n = info.param.file.substr(0, info.param.file.find('.'));
       for (char& ch : n)
@@ -369,7 +370,8 @@ TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
   EXPECT_EQ(d->device, "cpu");
   EXPECT_FALSE(d->eager.has_value());
   EXPECT_TRUE(d->warnings.empty()) << d->warnings.front();
-  ASSERT_EQ(d->sets.size(), 2u);
+  ASSERT_EQ(d->JudgingSets(), 2);
+  ASSERT_EQ(d->sets.size(), 6u);  // and one distribution-shifted set per transform (ShiftedSetsTest)
   EXPECT_EQ(d->sets[0].seed, 43u);
   EXPECT_EQ(d->sets[1].seed, 44u);
   EXPECT_THAT(d->dir, HasSubstr(cache.path()));
@@ -395,8 +397,211 @@ TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
   }
   EXPECT_NE(ReadFloats(*d, 0, "A"), ReadFloats(*d, 1, "A"));
   EXPECT_NE(ReadFloats(*d, 0, "out"), ReadFloats(*d, 1, "out"));
-  EXPECT_FALSE(d->FilePath(2, "A").ok());
+  EXPECT_FALSE(d->FilePath(6, "A").ok());
   EXPECT_FALSE(d->FilePath(0, "nope").ok());
+}
+
+// ---- Distribution-shifted input sets (evaluator/reference/transforms.py) ----
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+  return worst;
+}
+
+// out = A @ B in double, for checking a set's reference against its own inputs.
+std::vector<float> Matmul(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> out(64 * 48);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 48; ++j) {
+      double acc = 0;
+      for (int k = 0; k < 32; ++k) acc += double(a[i * 32 + k]) * b[k * 48 + j];
+      out[i * 48 + j] = static_cast<float>(acc);
+    }
+  return out;
+}
+
+TEST(ShiftedSetsTest, EachTransformOfSetZeroWithPyTorchsOwnOutput) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->transforms.size(), 4u);
+  const char* names[] = {"scale_up", "scale_down", "sign_flip", "outliers"};
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(d->transforms[t].name, names[t]);
+    ASSERT_EQ(d->transforms[t].set, 2 + t) << d->transforms[t].note;
+    EXPECT_EQ(d->sets[2 + t].transform, names[t]);
+    EXPECT_EQ(d->sets[2 + t].seed, 43u);  // input set 0, transformed
+  }
+  const std::vector<float> a0 = ReadFloats(*d, 0, "A"), b0 = ReadFloats(*d, 0, "B");
+  auto scaled = [](std::vector<float> v, float f) {
+    for (float& x : v) x *= f;
+    return v;
+  };
+  EXPECT_EQ(ReadFloats(*d, 2, "A"), scaled(a0, 1e5f));
+  EXPECT_EQ(ReadFloats(*d, 3, "B"), scaled(b0, 1e-5f));
+  EXPECT_EQ(ReadFloats(*d, 4, "A"), scaled(a0, -1.0f));
+  // Outliers: one element in 1024 (at least one), 1000 x the largest magnitude, the sign kept.
+  std::vector<float> a5 = ReadFloats(*d, 5, "A");
+  double amax = 0;
+  for (float x : a0) amax = std::max(amax, double(std::abs(x)));
+  int changed = 0;
+  for (size_t i = 0; i < a0.size(); ++i)
+    if (a5[i] != a0[i]) {
+      ++changed;
+      EXPECT_NEAR(std::abs(a5[i]), 1000 * amax, 1e-3 * amax);
+      EXPECT_EQ(a5[i] < 0, a0[i] < 0);
+    }
+  EXPECT_GE(changed, 1);
+  EXPECT_LE(changed, 2);  // 64 * 32 / 1024
+  // Each reference is PyTorch's output on that set's own inputs.
+  for (int s = 2; s < 6; ++s) {
+    std::vector<float> out = ReadFloats(*d, s, "out"), want = Matmul(ReadFloats(*d, s, "A"), ReadFloats(*d, s, "B"));
+    double scale = 0;
+    for (float x : want) scale = std::max(scale, double(std::abs(x)));
+    EXPECT_LT(MaxAbsDiff(out, want), 1e-5 * scale) << "set " << s;
+  }
+  EXPECT_TRUE(d->notes.empty()) << d->notes.front();
+}
+
+TEST(ShiftedSetsTest, EachShiftedSetMeasuresPyTorchsOwnRounding) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->transforms.size(), 4u);
+  ASSERT_TRUE(d->signature.reference_error.count("out"));
+  const ReferenceError set0 = d->signature.reference_error.at("out");
+  for (const auto& t : d->transforms) {
+    ASSERT_GE(t.set, 2) << t.name << ": " << t.note;
+    ASSERT_TRUE(t.reference_error.count("out")) << t.name;
+    EXPECT_GT(t.reference_error.at("out").rel_norm, 0) << t.name;
+  }
+  // At its own scale: x 1e5 inputs, a sum of them, an RMS error about 1e5 times set 0's.
+  EXPECT_NEAR(d->transforms[0].reference_error.at("out").rms / set0.rms, 1e5, 2e4);
+  // Negated inputs round the same way, bit for bit.
+  EXPECT_DOUBLE_EQ(d->transforms[2].reference_error.at("out").rel_norm, set0.rel_norm);
+}
+
+TEST(ShiftedSetsTest, ATransformOutsideTheOperatorsDomainIsDroppedWithANote) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("log_positive.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->JudgingSets(), 2);
+  ASSERT_EQ(d->transforms.size(), 4u);
+  EXPECT_EQ(d->transforms[2].name, "sign_flip");
+  EXPECT_EQ(d->transforms[2].set, -1);
+  EXPECT_THAT(d->transforms[2].note, HasSubstr("dropped"));
+  EXPECT_THAT(d->transforms[2].note, HasSubstr("NaN/Inf"));
+  // The others stay (outliers keep the sign, so log stays defined).
+  for (int t : {0, 1, 3}) EXPECT_GE(d->transforms[t].set, 2) << d->transforms[t].name << ": " << d->transforms[t].note;
+  EXPECT_EQ(d->sets.size(), 5u);
+  bool noted = false;
+  for (const auto& n : d->notes) noted = noted || n.find("'sign_flip'") != std::string::npos;
+  EXPECT_TRUE(noted);
+  EXPECT_TRUE(d->warnings.empty()) << d->warnings.front();  // not a degenerate problem
+}
+
+TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("scale_only_transforms.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->sets.size(), 3u);
+  EXPECT_EQ(d->sets[2].transform, "scale_down");
+  for (const auto& t : d->transforms)
+    if (t.name != "scale_down") {
+      EXPECT_EQ(t.set, -1);
+      EXPECT_THAT(t.note, HasSubstr("INPUT_TRANSFORMS"));
+    }
+  auto y0 = d->FilePath(0, "y"), y2 = d->FilePath(2, "y");
+  ASSERT_TRUE(y0.ok() && y2.ok());
+  EXPECT_EQ(*ReadFile(*y0), *ReadFile(*y2));
+
+  // INPUT_TRANSFORMS = []: none at all.
+  const std::string off = cache.path() + "/transforms_off.py";
+  std::string text = *ReadFile(Fixture("scale_only_transforms.py"));
+  text.replace(text.find("[\"scale_down\"]"), 14, "[]");
+  ASSERT_TRUE(WriteFile(off, text).ok());
+  auto none = PrepareReference(off, CpuOptions(cache.path()));
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(none->sets.size(), 2u);
+  ASSERT_EQ(none->transforms.size(), 4u);
+  for (const auto& t : none->transforms) EXPECT_EQ(t.set, -1);
+}
+
+TEST(ShapeVariantsTest, EachDeclaredShapeGetsAReferenceOfItsOwn) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("rowsum_shapes.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->signature.inputs[0].shape, (std::vector<int64_t>{64, 256}));
+  ASSERT_EQ(d->shape_variant_count, 2);
+  ASSERT_EQ(d->shape_variants.size(), 2u);
+  const ReferenceData& a = d->shape_variants[0];
+  const ReferenceData& b = d->shape_variants[1];
+  EXPECT_EQ(a.signature.inputs[0].shape, (std::vector<int64_t>{7, 1000}));
+  EXPECT_EQ(a.signature.outputs[0].shape, (std::vector<int64_t>{7}));
+  EXPECT_EQ(b.signature.inputs[0].shape, (std::vector<int64_t>{130, 33}));
+  EXPECT_EQ(ShapeVariantName(b), "at x [130, 33]");
+  for (const ReferenceData* v : {&a, &b}) {
+    EXPECT_EQ(v->sets.size(), 2u);  // two sets, no distribution-shifted ones, untimed
+    EXPECT_EQ(v->JudgingSets(), 2);
+    EXPECT_TRUE(v->shape_variants.empty());
+    // The reference is the operator at that shape: row sums of the set's own x.
+    const auto& in = v->signature.inputs[0].shape;
+    std::vector<float> x = ReadFloats(*v, 1, "x"), out = ReadFloats(*v, 1, "out");
+    ASSERT_EQ(out.size(), static_cast<size_t>(in[0]));
+    for (int64_t r = 0; r < in[0]; ++r) {
+      double acc = 0;
+      for (int64_t c = 0; c < in[1]; ++c) acc += x[r * in[1] + c];
+      EXPECT_NEAR(out[r], acc, 1e-4) << r;
+    }
+  }
+  // A KernelBench-style problem declares none.
+  auto one = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->shape_variant_count, 0);
+  EXPECT_TRUE(one->shape_variants.empty());
+}
+
+TEST(ShapeVariantsTest, AVariantWithOtherDtypesIsRefusedNamingIt) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  const std::string bad = cache.path() + "/bad_variant.py";
+  std::string text = *ReadFile(Fixture("rowsum_shapes.py"));
+  text.replace(text.find("torch.randn(130, 33)"), 20, "torch.randn(130, 33).double()");
+  ASSERT_TRUE(WriteFile(bad, text).ok());
+  auto d = PrepareReference(bad, CpuOptions(cache.path()));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("get_inputs_variants()[1]"));
+}
+
+TEST(ShiftedSetsTest, NoRoomLeavesThemOutButKeepsTheJudgingSets) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 2);
+  constexpr uint64_t kSet = (64 * 32 + 32 * 48 + 64 * 48) * 4;
+  o.cache_cap = 3 * kSet + kSet / 2;  // two judging sets and one shifted one
+  auto d = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->JudgingSets(), 2);
+  ASSERT_EQ(d->sets.size(), 3u);
+  EXPECT_EQ(d->sets[2].transform, "scale_up");
+  EXPECT_THAT(d->transforms[1].note, HasSubstr("no room"));
+
+  // Three judging sets asked for where three sets fit in all: the third makes way for a shifted one.
+  o.sets = 3;
+  auto shared = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(shared.ok()) << shared.status().message();
+  EXPECT_EQ(shared->JudgingSets(), 2);
+  ASSERT_EQ(shared->sets.size(), 3u);
+  EXPECT_EQ(shared->sets[2].transform, "scale_up");
+  ASSERT_FALSE(shared->warnings.empty());
+  EXPECT_THAT(shared->warnings[0], HasSubstr("using 2 of the 3 input sets asked for (and 1 distribution-shifted"));
 }
 
 TEST(ReferenceTest, ParametersAreSharedAndSeeded) {
@@ -758,10 +963,11 @@ constexpr uint64_t kMatmulSetBytes = (64 * 32 + 32 * 48 + 64 * 48) * 4;
 TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
   REQUIRE_TORCH();
   TempDir cache;
-  // Room for two entries of two sets (plus manifests), not three.
+  // Room for two entries of two judging and four distribution-shifted sets
+  // (plus manifests), not three.
   auto opts = [&](uint64_t seed) {
     ReferenceOptions o = CpuOptions(cache.path(), 2, seed);
-    o.cache_cap = 5 * kMatmulSetBytes;
+    o.cache_cap = 13 * kMatmulSetBytes;
     return o;
   };
   auto a = PrepareReference(Fixture("matmul.py"), opts(1));
@@ -779,7 +985,7 @@ TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
   auto usage = ReadCacheUsage(cache.path());
   ASSERT_TRUE(usage.ok()) << usage.status().message();
   EXPECT_EQ(usage->entries.size(), 2u);
-  EXPECT_LE(usage->entry_bytes, 5 * kMatmulSetBytes);
+  EXPECT_LE(usage->entry_bytes, 13 * kMatmulSetBytes);
   EXPECT_EQ(usage->entries.back().path, c->dir);  // most recently used last
 }
 
@@ -1087,7 +1293,8 @@ TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
   EXPECT_EQ(j["cap_bytes"], uint64_t{1} << 30);
   ASSERT_EQ(j["entries"].size(), 1u);
   EXPECT_EQ(j["entries"][0]["sets"], 2);
-  EXPECT_GE(j["bytes"].get<uint64_t>(), 2 * kMatmulSetBytes);
+  EXPECT_EQ(j["entries"][0]["shifted_sets"], 4);  // one per transform of transforms.py
+  EXPECT_GE(j["bytes"].get<uint64_t>(), 6 * kMatmulSetBytes);
   SubprocessResult table = RunCli({"cache", "list", "--cache-dir", cache.path()});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("matmul-"));

@@ -48,7 +48,8 @@ def module(tmp_path_factory):
               "SOURCE": SOURCE, "PLAN": json.dumps(PLAN), "SIGNATURE": json.dumps(SIGNATURE),
               "KERNELS": json.dumps(KERNELS), "RESOLVED": json.dumps(resolved),
               "NVRTC_OPTIONS": json.dumps(["--std=c++17"]), "PRELUDE_NAME": "ks_prelude.h",
-              "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda", "TARGET": "sm_90a"}
+              "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda", "TARGET": "sm_90a",
+              "ROBUSTNESS": json.dumps({"specialised": False, "broken_by": "", "checks": []})}
     (d / "kernel_module.py").write_text(render((EXPORT_DIR / "kernel_module.py").read_text(), values))
     spec = importlib.util.spec_from_file_location("kernel_module", d / "kernel_module.py")
     mod = importlib.util.module_from_spec(spec)
@@ -60,7 +61,7 @@ def test_the_template_has_only_known_placeholders():
     text = (EXPORT_DIR / "kernel_module.py").read_text()
     assert set(re.findall(r"@@([A-Z_]+)@@", text)) == {
         "ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED", "NVRTC_OPTIONS",
-        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET"}
+        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET", "ROBUSTNESS"}
 
 
 def test_the_values_arrive_as_they_were(module):
@@ -145,3 +146,23 @@ def test_output_shapes_follow_the_inputs(module):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_robustness_arrives(module):
+    assert module.ROBUSTNESS == {"specialised": False, "broken_by": "", "checks": []}
+
+
+def test_compare_follows_the_evaluators_rules(module):
+    import torch
+    ref = torch.randn(1000, dtype=torch.float64).float()
+    assert module.compare(ref.clone(), ref, "float32")["ok"]
+    # Within atol/rtol everywhere but 1e-4 relative noise everywhere: the norm bound (1e-5) fails it.
+    noisy = ref * (1 + 9e-5 * torch.sign(torch.randn(1000)))
+    figures = module.compare(noisy, ref, "float32")
+    assert figures["mismatches"] == 0 and not figures["ok"] and figures["rel_norm"] > 1e-5
+    wrong = ref.clone()
+    wrong[3] = float("nan")
+    assert module.compare(wrong, ref, "float32")["mismatches"] == 1
+    assert not module.compare(ref[:10], ref, "float32")["ok"]
+    assert module.compare(torch.arange(5), torch.arange(5), "int64")["ok"]
+    assert not module.compare(torch.arange(5), torch.arange(5) + 1, "int64")["ok"]

@@ -112,7 +112,7 @@ TEST(ExportTemplateTest, TheRealTemplateIsFilledEverywhere) {
   std::string text = *ReadFile(*path);
   std::map<std::string, std::string> values;
   for (const char* k : {"ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED",
-                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET"})
+                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET", "ROBUSTNESS"})
     values[k] = "v";
   auto r = RenderModuleTemplate(text, values);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -491,7 +491,7 @@ class ExportCliTest : public ExportTest {
  protected:
   // A layernorm problem (tests/evaluator/gpu_fixtures/layernorm_small.py's
   // signature) with one candidate; returns the candidate's id.
-  int64_t Fill(const std::string& source, const std::string& plan) {
+  int64_t Fill(const std::string& source, const std::string& plan, const Robustness* robustness = nullptr) {
     auto store = store::LineageStore::Open(Path("ks.db"));
     EXPECT_TRUE(store.ok()) << store.status().ToString();
     if (!store.ok()) return 0;
@@ -506,12 +506,13 @@ class ExportCliTest : public ExportTest {
     p.file_path = "layernorm_small.py";
     p.source = "import torch\n# layernorm_small\n";
     p.signature_json = SignatureToJson(sig).dump();
-    return testing::StoreCorrectSeed(store->get(), p, source, plan, "NVIDIA H100 80GB HBM3", 1.75);
+    return testing::StoreCorrectSeed(store->get(), p, source, plan, "NVIDIA H100 80GB HBM3", 1.75, robustness);
   }
 
-  SubprocessResult Export(int64_t id, const std::string& out) {
+  SubprocessResult Export(int64_t id, const std::string& out, const std::vector<std::string>& extra = {}) {
     SubprocessOptions o;
     o.argv = {KS_CLI_BINARY, "export", std::to_string(id), "--db", Path("ks.db"), "--out", out};
+    o.argv.insert(o.argv.end(), extra.begin(), extra.end());
     o.timeout_s = 180;
     auto r = RunSubprocess(o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -553,6 +554,68 @@ TEST_F(ExportCliTest, TheModuleEmbedsWhatTheEvaluatorSees) {
   std::string module = *ReadFile(Path("out/kernel_module.py"));
   EXPECT_NE(module.find("correct, 1.75x over PyTorch eager on NVIDIA H100 80GB HBM3"), std::string::npos);
   EXPECT_NE(module.find("class ModelNew(_problem.Model):"), std::string::npos);
+}
+
+SubprocessResult RunCli(const std::vector<std::string>& args) {
+  SubprocessOptions o;
+  o.argv = {KS_CLI_BINARY};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.timeout_s = 120;
+  auto r = RunSubprocess(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : SubprocessResult{};
+}
+
+// Issue 27: a kernel that a distribution-shifted input set broke is marked in
+// `show`, its --json and the report's data, and `export` refuses it unless told.
+TEST_F(ExportCliTest, ASpecialisedKernelIsMarkedEverywhereAndExportedOnlyWhenAllowed) {
+  Robustness r{{{"get_inputs", "held", "3 input set(s) from get_inputs()"},
+                {"scale_up", "broke", "floating-point inputs x 1e5: output 'out' wrong"},
+                {"shapes", "not_checked", "the problem declares one shape"}},
+               "scale_up"};
+  int64_t id = Fill(testing::kLayerNormSource, testing::kLayerNormPlan, &r);
+  const std::string db = Path("ks.db");
+
+  SubprocessResult show = RunCli({"show", std::to_string(id), "--db", db});
+  ASSERT_TRUE(show.Succeeded()) << show.err;
+  EXPECT_NE(show.out.find("specialised: correct on the get_inputs() sets, but 'scale_up' broke it"),
+            std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("scale_up    broke"), std::string::npos) << show.out;
+  SubprocessResult show_json = RunCli({"show", std::to_string(id), "--db", db, "--json"});
+  json sj = json::parse(show_json.out, nullptr, false);
+  ASSERT_TRUE(sj.is_object()) << show_json.out;
+  EXPECT_TRUE(sj["evaluation"]["robustness"]["specialised"].get<bool>());
+  EXPECT_EQ(sj["evaluation"]["robustness"]["broken_by"], "scale_up");
+
+  SubprocessResult report = RunCli({"report", "1", "--db", db, "--json"});
+  ASSERT_TRUE(report.Succeeded()) << report.err;
+  json rj = json::parse(report.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object()) << report.out.substr(0, 500);
+  bool found = false;
+  for (const auto& c : rj["candidates"])
+    if (c["id"] == id) {
+      found = true;
+      EXPECT_TRUE(c["specialised"].get<bool>());
+      EXPECT_NE(c["robustness"].get<std::string>().find("'scale_up' broke it"), std::string::npos);
+    }
+  EXPECT_TRUE(found);
+
+  SubprocessResult refused = Export(id, Path("refused"));
+  EXPECT_FALSE(refused.Succeeded());
+  EXPECT_NE(refused.err.find("--allow-specialised"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("scale_up"), std::string::npos) << refused.err;
+  EXPECT_FALSE(std::filesystem::exists(Path("refused/kernel_module.py")));
+
+  SubprocessResult allowed = Export(id, Path("allowed"), {"--allow-specialised"});
+  ASSERT_TRUE(allowed.Succeeded()) << allowed.err;
+  json m = json::parse(Python("module_constants.py", {Path("allowed/kernel_module.py")}), nullptr, false);
+  ASSERT_TRUE(m.is_object());
+  EXPECT_TRUE(m["ROBUSTNESS"]["specialised"].get<bool>());
+  std::string module = *ReadFile(Path("allowed/kernel_module.py"));
+  EXPECT_NE(module.find("SPECIALISED: specialised: correct on the get_inputs() sets, but 'scale_up' broke it"),
+            std::string::npos);
+  EXPECT_NE(module.find("def check(model, *inputs):"), std::string::npos);
+  EXPECT_NE(module.find("def benchmark(model, *inputs"), std::string::npos);
 }
 
 TEST_F(ExportCliTest, AKernelThatDoesNotCompileOrResolveIsNotExported) {

@@ -98,6 +98,25 @@ TEST(LlmPromptTest, IdeasPromptHasEverythingTheModelNeeds) {
   EXPECT_EQ(req.prompt, u);
 }
 
+TEST(LlmPromptTest, ASpecialisedParentSaysWhichShiftedInputsBrokeIt) {
+  Evaluation e;
+  e.status = EvalStatus::kCorrect;
+  e.timing = TimingStats{0.5, 0.5, 0.5, 0.5, 0, 20};
+  e.speedup_eager = 2.8;
+  e.robustness = Robustness{{{"get_inputs", "held", "3 input set(s) from get_inputs()"},
+                             {"scale_up", "broke", "floating-point inputs x 1e5: output 'out' wrong"}},
+                            "scale_up"};
+  ParentKernel parent;
+  parent.evaluation = e;
+  EXPECT_THAT(MeasurementsText(parent), HasSubstr("- Inputs: specialised: correct on the get_inputs() sets, but "
+                                                  "'scale_up' broke it (floating-point inputs x 1e5"));
+  EXPECT_THAT(FiguresLine(e), HasSubstr("(specialised: 'scale_up' broke it)"));
+  e.robustness->broken_by.clear();  // a robust kernel: nothing extra to say
+  parent.evaluation = e;
+  EXPECT_THAT(MeasurementsText(parent), ::testing::Not(HasSubstr("specialised")));
+  EXPECT_THAT(FiguresLine(e), ::testing::Not(HasSubstr("specialised")));
+}
+
 TEST(LlmPromptTest, UnmeasuredPeaksAreUnknownNotZero) {
   GpuFacts g = LayerNormProblem().gpu;
   g.fp32_tflops = g.tf32_tflops = g.fp16_tensor_tflops = 0;

@@ -269,6 +269,20 @@ store::CandidateRow Correct(int64_t id, std::optional<int64_t> idea, double ms, 
   return c;
 }
 
+TEST(SelectBeamTest, RobustKernelsGoBeforeFasterSpecialisedOnes) {
+  auto specialised = [](store::CandidateRow c) {
+    Evaluation e;
+    e.status = EvalStatus::kCorrect;
+    e.robustness = Robustness{{{"scale_up", "broke", "x 1e5"}}, "scale_up"};
+    c.evaluation->evaluation_json = EvaluationToJson(e).dump();
+    return c;
+  };
+  std::vector<store::CandidateRow> cands = {specialised(Correct(1, 10, 0.5, "split")), Correct(2, 20, 1.0, "honest"),
+                                            specialised(Correct(3, 30, 0.99, "other")), Correct(4, 10, 3.0, "slow")};
+  EXPECT_EQ(SelectBeam(cands, 2, 42), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(SelectBeam(cands, 4, 42), (std::vector<int64_t>{2, 4, 1, 3}));
+}
+
 TEST(SelectBeamTest, FastestFirstNearTiesGoToNewIdeasDuplicatesSkipped) {
   std::vector<store::CandidateRow> cands = {
       Correct(1, 10, 1.000, "a"), Correct(2, 10, 1.010, "b"), Correct(3, 20, 1.015, "c"),

@@ -14,7 +14,7 @@ namespace ks::testing {
 // Returns the candidate id, or 0 after recording a test failure.
 inline int64_t StoreCorrectSeed(store::LineageStore* store, const store::ProblemRow& problem_row,
                                 const std::string& source, const std::string& plan, const std::string& device,
-                                double speedup_eager) {
+                                double speedup_eager, const Robustness* robustness = nullptr) {
   auto problem = store->PutProblem(problem_row);
   EXPECT_TRUE(problem.ok()) << problem.status().ToString();
   if (!problem.ok()) return 0;
@@ -35,6 +35,7 @@ inline int64_t StoreCorrectSeed(store::LineageStore* store, const store::Problem
   e.device = device;
   e.timing = TimingStats{0.05, 0.05, 0.05, 0.05, 0, 20, "runs"};
   e.speedup_eager = speedup_eager;
+  if (robustness) e.robustness = *robustness;
   EXPECT_TRUE(store->PutEvaluation(*id, e, std::nullopt).ok());
   return *id;
 }

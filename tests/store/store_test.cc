@@ -234,6 +234,41 @@ TEST_F(StoreTest, TheRooflineAndItsPeaksSurviveTheStore) {
   EXPECT_DOUBLE_EQ(parsed->roofline->floor_ms, 2.684);
 }
 
+TEST_F(StoreTest, ASpecialisedKernelIsStoredAndRanksAfterEveryRobustOne) {
+  auto store = OpenOrDie();
+  int64_t p = *store->PutProblem({.name = "gemm", .file_path = "gemm.py", .source = "x"});
+  int64_t s = *store->CreateSearch(p, "{}");
+  int64_t fast = *store->PutCandidate({.search_id = s, .source = "split", .plan_json = "{}", .slot_key = "a"});
+  int64_t slow = *store->PutCandidate({.search_id = s, .source = "3xtf32", .plan_json = "{}", .slot_key = "b"});
+  Evaluation split = Correct(1.0, 2.83);
+  split.robustness = Robustness{{{"get_inputs", "held", "3 input set(s) from get_inputs()"},
+                                 {"scale_up", "broke", "floating-point inputs x 1e5: output 'out' wrong"},
+                                 {"shapes", "not_checked", "one shape"}},
+                                "scale_up"};
+  split.precision = "fp32";
+  Evaluation honest = Correct(2.0, 1.4);
+  honest.robustness = Robustness{{{"get_inputs", "held", ""}, {"scale_up", "held", ""}}, ""};
+  ASSERT_TRUE(store->PutEvaluation(fast, split, std::nullopt).ok());
+  ASSERT_TRUE(store->PutEvaluation(slow, honest, std::nullopt).ok());
+  // Twice as fast, but a shifted input set broke it: the robust kernel is the best.
+  EXPECT_EQ((*store->BestCorrect(s))->id, slow);
+  EXPECT_EQ((*store->BestCorrectForProblem(p))->id, slow);
+  auto correct = store->CorrectCandidates(s);
+  ASSERT_EQ(correct->size(), 2u);
+  EXPECT_EQ((*correct)[1].id, fast);
+  // The mark and every check survive the store.
+  auto parsed = EvaluationFromJson(nlohmann::json::parse(store->GetCandidate(fast)->evaluation->evaluation_json));
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(parsed->specialised());
+  EXPECT_EQ(parsed->robustness->broken_by, "scale_up");
+  ASSERT_EQ(parsed->robustness->checks.size(), 3u);
+  EXPECT_EQ(parsed->robustness->checks[1].outcome, "broke");
+  EXPECT_EQ(parsed->precision, "fp32");
+  EXPECT_EQ(parsed->robustness->Summary(),
+            "specialised: correct on the get_inputs() sets, but 'scale_up' broke it (floating-point inputs x 1e5: "
+            "output 'out' wrong); not checked: shapes");
+}
+
 TEST_F(StoreTest, IdenticalCandidateFoundByNormalizedHash) {
   auto store = OpenOrDie();
   int64_t p = *store->PutProblem({.name = "x", .file_path = "x.py", .source = "x"});

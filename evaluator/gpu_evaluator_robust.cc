@@ -1,0 +1,132 @@
+// Robustness beyond get_inputs() (issue 27): a candidate correct on every
+// get_inputs() set is run once more on each distribution-shifted set the
+// bridge made (evaluator/reference/transforms.py: inputs scaled by large and
+// small powers of ten, negated, with outliers). Stops a kernel specialised to
+// the benchmark's input distribution (fp32 split into fp16 halves, exact for
+// values in [0, 1) only; an exp without the max subtracted) from passing
+// unmarked: it stays correct, marked specialised with the first transform
+// that broke it, and the search and `export` act on the mark.
+#include <algorithm>
+#include <cmath>
+
+#include "evaluator/gpu_evaluator.h"
+#include "evaluator/gpu_evaluator_internal.h"
+
+namespace ks {
+
+double GpuEvaluator::ShiftedAtolScale(const OutputSlot& o, int set) const {
+  if (set <= 0 || set >= static_cast<int>(ref_.sets.size()) || ref_.sets[set].transform.empty()) return 1;
+  // Each shifted set is input set 0 transformed: its outputs' scale against set 0's.
+  const double base = o.ref_rms.empty() ? 0 : o.ref_rms[0], here = o.ref_rms[set];
+  if (!(base > 0) || !(here > 0) || !std::isfinite(base) || !std::isfinite(here)) return 1;
+  return here / base;
+}
+
+std::optional<GpuEvaluator::RunResult> GpuEvaluator::CheckShiftedSets(const std::function<RunResult(int)>& run,
+                                                                      Robustness* robustness) {
+  const int judging = ref_.JudgingSets();
+  robustness->checks.push_back({"get_inputs", "held", std::to_string(judging) + " input set(s) from get_inputs()"});
+  if (ref_.transforms.empty())
+    robustness->checks.push_back({"transforms", "not_checked",
+                                  "the reference has no distribution-shifted input sets (made before they existed)"});
+  for (const InputTransform& t : ref_.transforms) {
+    if (t.set < judging || t.set >= static_cast<int>(ref_.sets.size())) {
+      robustness->checks.push_back({t.name, "not_checked", t.note});
+      continue;
+    }
+    RunResult r = run(t.set);
+    if (r.status == EvalStatus::kCorrect) {
+      robustness->checks.push_back({t.name, "held", t.note});
+    } else if (r.status == EvalStatus::kIncorrect) {
+      robustness->checks.push_back({t.name, "broke", t.note + ": " + r.message});
+      if (robustness->broken_by.empty()) robustness->broken_by = t.name;
+    } else {
+      r.message = "input set " + std::to_string(t.set) + " (" + t.note + "): " + r.message;
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
+Tolerance GpuEvaluator::SetTolerance(const OutputSlot& o, int set) const {
+  const double scale = ShiftedAtolScale(o, set);
+  const ReferenceError* own = nullptr;  // this shifted set's own rounding (float32 outputs, where measured)
+  if (o.spec->dtype == DType::kFloat32)
+    for (const InputTransform& t : ref_.transforms)
+      if (t.set == set && set > 0) {
+        auto it = t.reference_error.find(o.spec->name);
+        if (it != t.reference_error.end()) own = &it->second;
+      }
+  return ShiftedSetTolerance(ContractTolerance(*o.spec), ref_.signature.ToleranceFor(o.spec->dtype), scale, own);
+}
+
+Status GpuEvaluator::SetupOtherShapes() {
+  for (const ReferenceData& variant : ref_.shape_variants) {
+    GpuEvaluatorOptions vo = opts_;
+    vo.measure_peaks = false;
+    vo.run_timeout_s = RunTimeout();  // the variant is untimed: the main shape's limit
+    std::unique_ptr<GpuEvaluator> e(new GpuEvaluator(variant, vo));
+    e->correctness_only_ = true;
+    KS_RETURN_IF_ERROR(e->Setup().WithContext("the evaluator of the problem's shape " + ShapeVariantName(variant)));
+    shape_evaluators_.push_back(std::move(e));
+  }
+  return Status::Ok();
+}
+
+void GpuEvaluator::CheckOtherShapes(const Candidate& candidate, const CompileResult& compiled,
+                                    Robustness* robustness) {
+  if (shape_evaluators_.empty()) {
+    // KernelBench's format has one shape per problem: say so rather than imply more was checked.
+    robustness->checks.push_back({"shapes", "not_checked",
+                                  "the problem declares one shape (get_inputs(); no get_inputs_variants()): "
+                                  "shapes were not varied"});
+    return;
+  }
+  for (auto& ev : shape_evaluators_) {
+    const std::string at = ShapeVariantName(ev->ref_);
+    Evaluation v = ev->EvaluateCompiled(candidate, compiled);
+    if (v.correct()) {
+      robustness->checks.push_back({"shapes", "held", at});
+      continue;
+    }
+    // A kernel with sizes written into it, or a plan that only fits get_inputs()'s shapes.
+    robustness->checks.push_back({"shapes", "broke", at + ": " + EvalStatusName(v.status) + ": " + v.message});
+    if (robustness->broken_by.empty()) robustness->broken_by = "shapes";
+  }
+}
+
+// How much less accurate than PyTorch's default precision a "tf32" candidate
+// may be: twice its error, as an honest 1xTF32 kernel's summation order differs
+// from cuDNN's by about as much again.
+constexpr double kTf32Factor = 2;
+
+Tolerance GpuEvaluator::ContractTolerance(const TensorSpec& t) const {
+  Tolerance tol = ref_.signature.ToleranceFor(t);
+  if (opts_.precision != "tf32" || t.dtype != DType::kFloat32) return tol;
+  auto it = ref_.default_precision_error.find(t.name);
+  if (it == ref_.default_precision_error.end()) return tol;
+  const ReferenceData::PrecisionError& d = it->second;
+  tol.atol += kTf32Factor * d.max_abs;
+  tol.rel_norm = std::max(tol.rel_norm, kTf32Factor * d.rel_norm);
+  // As a problem's looser rtol loosens the large-error threshold (signature.h).
+  if (tol.large_rel > 0) tol.large_rel = std::max(tol.large_rel, 10 * tol.rel_norm);
+  return tol;
+}
+
+void GpuEvaluator::NamePrecisionContract(Evaluation& e) const {
+  const bool differs = !ref_.default_precision_error.empty();
+  e.precision = opts_.precision;
+  if (!differs) {
+    e.baseline = "PyTorch's defaults, which compute in full fp32 here as the reference does";
+    return;
+  }
+  e.baseline = "PyTorch's defaults, which compute this problem's convolutions in TF32 (torch.backends.cudnn."
+               "allow_tf32); eager_fp32 is eager with TF32 off, the precision the reference is computed at";
+  if (opts_.precision == "tf32")
+    e.baseline += "; held to --precision tf32: the tolerance is widened to twice PyTorch's own TF32 error";
+  e.eager_fp32 = ref_.eager_fp32;
+  if (ref_.eager_fp32 && e.timing && e.timing->median_ms > 0)
+    e.speedup_eager_fp32 = ref_.eager_fp32->median_ms / e.timing->median_ms;
+}
+
+}  // namespace ks
