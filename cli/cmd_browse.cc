@@ -8,7 +8,10 @@
 #include "cli/cli.h"
 #include "cli/eval_format.h"
 #include "common/files.h"
+#include "evaluator/counters.h"
+#include "evaluator/evaluation.h"
 #include "evaluator/launch_profile.h"
+#include "evaluator/roofline.h"
 #include "search/export.h"
 #include "store/lineage_store.h"
 
@@ -167,6 +170,13 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
     if (e.is_object()) {
       auto profiles = LaunchProfilesFromJson(e.value("launch_profiles", nlohmann::json::array()));
       if (!profiles.empty()) std::printf("each launch on its own:\n%s", LaunchProfileText(profiles, "  ").c_str());
+      if (auto ev = EvaluationFromJson(e); ev.ok()) {
+        if (ev->roofline && ev->roofline->floor_ms > 0)
+          std::printf("floor:   %.0f%% of it reached; %s\n", 100 * ev->roofline->fraction_of_floor,
+                      RooflineFloorText(*ev->roofline).c_str());
+        if (ev->counters)
+          std::printf("hardware counters (Nsight Compute):\n%s", CountersText(*ev->counters, "  ", 20000).c_str());
+      }
     }
   } else {
     std::printf("status:  pending\n");

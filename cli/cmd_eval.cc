@@ -39,6 +39,7 @@ struct EvalArgs {
   std::string precision = "fp32";   // --precision: fp32 | tf32 (GpuEvaluatorOptions::precision)
   CacheFlags cache;
   bool verbose = false;
+  bool profile = false;      // --profile: hardware counters of each correct candidate (ncu)
 };
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
@@ -313,6 +314,21 @@ int Run(const EvalArgs& a) {
     std::fprintf(stderr, "    %-50s %8.3f\n", "compile (CPU seconds, in parallel)", compile);
     for (const auto& [name, sec] : sums) std::fprintf(stderr, "    %-50s %8.3f\n", name.c_str(), sec);
   }
+  if (a.profile) {
+    // One more verified run of each correct candidate under Nsight Compute;
+    // where counters cannot be read, the reason is said once and eval goes on.
+    std::vector<Candidate> correct;
+    std::vector<size_t> at;
+    for (size_t k = 0; k < results->size(); ++k)
+      if ((*results)[k].correct()) correct.push_back(to_eval[k]), at.push_back(k);
+    auto reports = ev->evaluator->ReadCounters(correct);
+    std::string said;
+    for (size_t k = 0; k < at.size() && k < reports.size(); ++k) {
+      (*results)[at[k]].counters = reports[k];
+      if (reports[k].launches.empty() && reports[k].note != said)
+        std::fprintf(stderr, "note: no hardware counters: %s\n", (said = reports[k].note).c_str());
+    }
+  }
   std::vector<std::optional<Evaluation>> by_file(files.size());
   for (size_t k = 0; k < index.size(); ++k) by_file[index[k]] = (*results)[k];
   bool all_correct = true;
@@ -379,6 +395,10 @@ void RegisterEvalCommand(CLI::App& app) {
   AddPythonOption(sub, &a->python);
   AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");
+  sub->add_flag("--profile", a->profile,
+                "Also read each correct candidate's hardware counters with Nsight Compute (ncu): one more "
+                "verified run under the profiler; DRAM/L2 bandwidth, SM and tensor-pipe use, occupancy, warp stalls, "
+                "hit rates, bank conflicts per launch");
   sub->add_flag("--json", a->json, "Print JSON (one line per candidate for a directory)");
   sub->add_flag("--verbose,-v", a->verbose,
                 "Print on stderr where the time went: the reference's phases (signature, model build, input "

@@ -39,7 +39,7 @@ void OnSignal(int sig) {
 struct SearchFlags {
   std::string problem;
   std::string config_file;
-  int rounds = 0, ideas = 0, branches = 0, beam = 0, repair = 0;
+  int rounds = 0, ideas = 0, branches = 0, beam = 0, repair = 0, profile_top = 0;
   int64_t budget_calls = 0;
   double budget_cost = 0, budget_minutes = 0, target_speedup = 0;
   int64_t budget_tokens = 0;
@@ -100,6 +100,7 @@ class Progress {
       step_first_error_.clear();
     }
     if (e.type == SearchEvent::Type::kRoundStarted) step_round_ = e.round;
+    if (e.type == SearchEvent::Type::kNote && !json_) std::fprintf(stderr, "\r\033[Knote: %s\n", e.text.c_str());
     if (quiet_ || json_) return;
     std::string best = e.best_speedup ? fmt::format("{:.2f}x", *e.best_speedup) : "-";
     std::string line = fmt::format("round {} | evaluated {} ({} failed) | best {} | {} calls, ${:.2f}",
@@ -162,6 +163,7 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   if (sub->count("--branches")) config.branches = f.branches;
   if (sub->count("--beam")) config.beam = f.beam;
   if (sub->count("--repair")) config.repair_attempts = f.repair;
+  if (sub->count("--profile-top")) config.profile_top = f.profile_top;
   if (sub->count("--budget-calls")) config.budget_calls = f.budget_calls;
   if (sub->count("--budget-tokens")) config.budget_tokens = f.budget_tokens;
   if (sub->count("--budget-cost")) config.budget_cost_usd = f.budget_cost;
@@ -513,6 +515,9 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--branches", f->branches, "implementations per idea (default 2)");
   sub->add_option("--beam", f->beam, "kernels carried into the next round (default 2)");
   sub->add_option("--repair", f->repair, "repair attempts for a failed candidate (default 1)");
+  sub->add_option("--profile-top", f->profile_top,
+                  "read the hardware counters (Nsight Compute) of this many fastest correct kernels per round, "
+                  "for the next round's prompts (default 1; 0 = none)");
   sub->add_option("--budget-calls", f->budget_calls, "stop after this many model calls");
   sub->add_option("--budget-tokens", f->budget_tokens, "stop after this many tokens");
   sub->add_option("--budget-cost", f->budget_cost, "stop after this much model spend (USD)");

@@ -1,8 +1,10 @@
 #include "cli/eval_format.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "evaluator/launch_profile.h"
+#include "evaluator/roofline.h"
 
 namespace ks::cli {
 namespace {
@@ -59,10 +61,12 @@ void PrintEvaluation(const Evaluation& e) {
     std::printf("roofline: %.3g MB must move, %.0f GB/s achieved", r.bytes / 1e6, r.achieved_gbps);
     if (r.flops > 0) std::printf(", %.2f TFLOP/s", r.achieved_tflops);
     std::printf("; floor %s, %.0f%% of it reached\n", Ms(r.floor_ms).c_str(), r.fraction_of_floor * 100);
-    if (r.peak_gbps > 0 || r.peak_tflops > 0) {
-      std::printf("          floor from %.0f GB/s measured", r.peak_gbps);
-      if (r.peak_tflops > 0) std::printf(" and %.1f TFLOP/s %s matmul measured", r.peak_tflops, r.compute_class.c_str());
-      std::printf(" (%s-bound)\n", r.bound.c_str());
+    // Both floors, the bound and every measured peak the floor rests on.
+    std::string floors = RooflineFloorText(r);
+    for (size_t at = 0; at <= floors.size();) {
+      size_t nl = std::min(floors.find('\n', at), floors.size());
+      std::printf("          %s\n", floors.substr(at, nl - at).c_str());
+      at = nl + 1;
     }
   }
   if (!e.errors.empty()) {
@@ -101,6 +105,13 @@ void PrintEvaluation(const Evaluation& e) {
   if (!e.launch_profiles.empty()) {
     std::printf("\neach launch on its own (separate runs with events between launches):\n%s",
                 LaunchProfileText(e.launch_profiles, "  ").c_str());
+  }
+  if (e.counters) {
+    std::printf("\nhardware counters (Nsight Compute, one more verified run");
+    if (e.counters->seconds > 0) std::printf(", %.1f s", e.counters->seconds);
+    std::printf("):\n%s", CountersText(*e.counters, "  ", 20000).c_str());
+    if (!e.counters->launches.empty() && !e.counters->note.empty())
+      std::printf("  note: %s\n", e.counters->note.c_str());
   }
   if (e.status == EvalStatus::kCompileError && !e.compile_log.empty())
     std::printf("\ncompiler log:\n%s\n", e.compile_log.c_str());

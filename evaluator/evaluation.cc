@@ -85,11 +85,16 @@ json EvaluationToJson(const Evaluation& e) {
     j["roofline"] = {{"bytes", r.bytes}, {"flops", r.flops}, {"achieved_gbps", r.achieved_gbps},
                      {"achieved_tflops", r.achieved_tflops}, {"floor_ms", r.floor_ms},
                      {"fraction_of_floor", r.fraction_of_floor}, {"peak_gbps", r.peak_gbps},
-                     {"peak_tflops", r.peak_tflops}, {"compute_class", r.compute_class}, {"bound", r.bound}};
+                     {"peak_tflops", r.peak_tflops}, {"compute_class", r.compute_class}, {"bound", r.bound},
+                     {"flops_source", r.flops_source}, {"flops_note", r.flops_note},
+                     {"memory_floor_ms", r.memory_floor_ms}, {"compute_floor_ms", r.compute_floor_ms},
+                     {"fp32_path", r.fp32_path}, {"peak_fp32_tflops", r.peak_fp32_tflops},
+                     {"peak_tf32_tflops", r.peak_tf32_tflops}};
   } else {
     j["roofline"] = nullptr;
   }
   j["launch_profiles"] = LaunchProfilesToJson(e.launch_profiles);
+  if (e.counters) j["counters"] = CounterReportToJson(*e.counters);
   if (!e.phases.empty()) {
     json ph = json::object();
     for (const auto& [name, s] : e.phases) ph[name] = ph.value(name, 0.0) + s;
@@ -193,13 +198,27 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
     e.speedup_compile = j["speedup_compile"].get<double>();
   if (j.contains("roofline") && j["roofline"].is_object()) {
     const auto& r = j["roofline"];
-    e.roofline = Roofline{r.value("bytes", 0.0),          r.value("flops", 0.0),
-                          r.value("achieved_gbps", 0.0),  r.value("achieved_tflops", 0.0),
-                          r.value("floor_ms", 0.0),       r.value("fraction_of_floor", 0.0),
-                          r.value("peak_gbps", 0.0),      r.value("peak_tflops", 0.0),
-                          r.value("compute_class", ""),   r.value("bound", "")};
+    Roofline& rf = e.roofline.emplace();
+    rf.bytes = r.value("bytes", 0.0);
+    rf.flops = r.value("flops", 0.0);
+    rf.achieved_gbps = r.value("achieved_gbps", 0.0);
+    rf.achieved_tflops = r.value("achieved_tflops", 0.0);
+    rf.floor_ms = r.value("floor_ms", 0.0);
+    rf.fraction_of_floor = r.value("fraction_of_floor", 0.0);
+    rf.peak_gbps = r.value("peak_gbps", 0.0);
+    rf.peak_tflops = r.value("peak_tflops", 0.0);
+    rf.compute_class = r.value("compute_class", "");
+    rf.bound = r.value("bound", "");
+    rf.flops_source = r.value("flops_source", "");
+    rf.flops_note = r.value("flops_note", "");
+    rf.memory_floor_ms = r.value("memory_floor_ms", 0.0);
+    rf.compute_floor_ms = r.value("compute_floor_ms", 0.0);
+    rf.fp32_path = r.value("fp32_path", "");
+    rf.peak_fp32_tflops = r.value("peak_fp32_tflops", 0.0);
+    rf.peak_tf32_tflops = r.value("peak_tf32_tflops", 0.0);
   }
   e.launch_profiles = LaunchProfilesFromJson(j.value("launch_profiles", json::array()));
+  if (j.contains("counters") && j["counters"].is_object()) e.counters = CounterReportFromJson(j["counters"]);
   if (j.contains("phases_s") && j["phases_s"].is_object())
     for (const auto& [name, v] : j["phases_s"].items())
       if (v.is_number()) e.phases.emplace_back(name, v.get<double>());

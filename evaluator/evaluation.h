@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "evaluator/counters.h"
 #include "evaluator/launch_profile.h"
 
 namespace ks {
@@ -78,15 +79,25 @@ struct TimingStats {
 
 struct Roofline {
   double bytes = 0;              // bytes that must move
-  double flops = 0;              // from the problem's FLOPS, 0 when absent
+  double flops = 0;              // the problem's FLOPs (declared or counted), 0 when unknown
   double achieved_gbps = 0;
   double achieved_tflops = 0;
-  double floor_ms = 0;           // max(bytes / peak bandwidth, flops / peak rate)
+  double floor_ms = 0;           // max(memory_floor_ms, compute_floor_ms)
   double fraction_of_floor = 0;  // floor_ms / median_ms (1.0 = at the floor)
   double peak_gbps = 0;          // the measured bandwidth the floor used
-  double peak_tflops = 0;        // the measured peak of compute_class; 0 = no compute floor
-  std::string compute_class;     // "fp32", "tf32", "bf16", "fp16" (see ComputeClassFor), "" when unused
+  // The effective compute peak: flops / compute_floor_ms (the one class's peak
+  // when the FLOPs are of one class); 0 = no compute floor.
+  double peak_tflops = 0;
+  std::string compute_class;     // "fp32", "bf16", "fp16", "mixed" (see roofline.h), "" when unused
   std::string bound;             // "memory" or "compute": which floor is the larger
+  // Where the FLOPs came from and what the compute floor rests on (roofline.h).
+  std::string flops_source;      // "FLOPS" (the problem file), "counted" (the bridge), ""
+  std::string flops_note;        // why not counted / what the count leaves out
+  double memory_floor_ms = 0;
+  double compute_floor_ms = 0;
+  std::string fp32_path;         // "3xTF32" or "fp32": the fp32 path the floor assumed
+  double peak_fp32_tflops = 0;   // measured fp32 matmul (TF32 off), for the record
+  double peak_tf32_tflops = 0;   // measured TF32 matmul
 };
 
 struct ResolvedLaunch {
@@ -131,6 +142,10 @@ struct Evaluation {
   // Each launch of the plan on its own (correct candidates on a GPU); empty
   // where not measured (evaluations stored before these existed, fakes).
   std::vector<LaunchProfile> launch_profiles;
+  // Hardware counters per launch (Nsight Compute), for the candidates that
+  // were profiled (`eval --profile`, the best of each search round); absent
+  // where not asked for. Its note says why when none could be read.
+  std::optional<CounterReport> counters;
   std::string device;
   // The NVRTC target the kernels were compiled for (sm_90a on an H100: the
   // arch-specific one, compiler.h ArchSpecificTarget); "" in older records.

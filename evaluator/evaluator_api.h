@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 
@@ -18,6 +19,12 @@ class CandidateEvaluator {
   // an Evaluation, never a Status; a Status is for the evaluator itself failing
   // (no GPU, the reference could not be computed).
   virtual StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) = 0;
+  // Hardware counters of each candidate's launches (evaluator/counters.h), one
+  // report per candidate. An evaluator that cannot read them says so in each
+  // report's note; the search goes on either way.
+  virtual std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) {
+    return std::vector<CounterReport>(candidates.size(), CounterReport{{}, "this evaluator reads no hardware counters", 0});
+  }
   // The reference timing and device facts, for prompts and reports.
   virtual std::string DeviceName() const = 0;
 };

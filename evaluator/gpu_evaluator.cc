@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "common/unique_fd.h"
 #include "evaluator/plan/launch_plan.h"
+#include "evaluator/roofline.h"
 #include "evaluator/sandbox.h"
 #include "evaluator/plan/worker_protocol.h"
 
@@ -484,19 +485,8 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   }
   phase("timed");
   // Each launch on its own, in runs of their own after the timed ones.
-  Roofline rf;
-  rf.bytes = static_cast<double>(ref_.signature.MinimumBytes());
-  rf.flops = ref_.signature.flops.value_or(0);
-  rf.peak_gbps = bandwidth_gbps_;
-  if (rf.flops > 0) {
-    rf.compute_class = ComputeClassFor(ref_.signature);
-    if (opts_.peak_tflops > 0) {
-      rf.peak_tflops = opts_.peak_tflops;
-    } else if (peaks_ && peaks_->ok()) {
-      rf.peak_tflops = (*peaks_)->For(rf.compute_class);
-    }
-    if (rf.peak_tflops <= 0) rf.compute_class.clear();
-  }
+  const DevicePeaks* measured = peaks_ && peaks_->ok() ? &**peaks_ : nullptr;
+  Roofline rf = PlanRoofline(ref_.signature, bandwidth_gbps_, measured, opts_.peak_tflops);
   {
     RunResult failed;
     auto profiles = ProfileLaunches(*plan, occupancy, rf, run_index, &failed);
@@ -530,14 +520,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   e.compiled = ref_.compiled;
   if (ref_.eager && e.timing->median_ms > 0) e.speedup_eager = ref_.eager->median_ms / e.timing->median_ms;
   if (ref_.compiled && e.timing->median_ms > 0) e.speedup_compile = ref_.compiled->median_ms / e.timing->median_ms;
-  double sec = e.timing->median_ms * 1e-3;
-  rf.achieved_gbps = sec > 0 ? rf.bytes / sec / 1e9 : 0;
-  rf.achieved_tflops = sec > 0 ? rf.flops / sec / 1e12 : 0;
-  double floor_bw = bandwidth_gbps_ > 0 ? rf.bytes / (bandwidth_gbps_ * 1e9) * 1e3 : 0;
-  double floor_fl = rf.peak_tflops > 0 ? rf.flops / (rf.peak_tflops * 1e12) * 1e3 : 0;
-  rf.floor_ms = std::max(floor_bw, floor_fl);
-  rf.bound = floor_fl > floor_bw ? "compute" : "memory";
-  rf.fraction_of_floor = e.timing->median_ms > 0 ? rf.floor_ms / e.timing->median_ms : 0;
+  FinishRoofline(e.timing->median_ms, &rf);
   e.roofline = rf;
   e.robustness = std::move(robustness);
   return finish(EvalStatus::kCorrect, "");

@@ -47,7 +47,12 @@
 //  - TMA tensor maps (the plan's "tensor_maps"): built by the worker from the
 //    plan, one per input set, and checked first to walk only inside the
 //    tensor or scratch buffer they name (plan/tensor_map.h), so a TMA store
-//    reaches only what an ordinary store through that pointer could.
+//    reaches only what an ordinary store through that pointer could;
+//  - the profiled run (hardware counters, gpu_evaluator_counters.cc): a second
+//    worker under ncu, its run prepared and verified as every run is; it
+//    decides nothing about the candidate (stops a kernel that detects the
+//    profiler from buying better-looking counters: a wrong profiled run only
+//    drops them).
 // What cannot be stopped here, and why:
 //  - per-thread local memory (stack) is not cleared between launches; which
 //    warp gets which slot depends on scheduling, so an answer cached there is
@@ -72,6 +77,7 @@
 
 #include "common/subprocess.h"
 #include "evaluator/compiler.h"
+#include "evaluator/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
 #include "evaluator/plan/launch_plan.h"
@@ -150,6 +156,12 @@ class GpuEvaluator : public CandidateEvaluator {
   // declares FLOPS, or on the first call here (cached per GPU on disk).
   // An error leaves the roofline with its bandwidth floor only.
   StatusOr<DevicePeaks> Peaks();
+  // Hardware counters of each candidate's launches (evaluator/counters.h):
+  // compiled again, then one more run in a worker started under Nsight
+  // Compute, prepared and verified as every run is. Never fails: where the
+  // counters cannot be read, each report's note says why (and, once ncu is
+  // known not to work here, without trying again).
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override;
   int worker_restarts() const { return worker_restarts_; }
   // The device malloc heap the worker's context was left with (as small as the driver allows).
   uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
@@ -191,6 +203,11 @@ class GpuEvaluator : public CandidateEvaluator {
   // Copies tensor `name` of set `set` to dst: from its file, or from the resident bridge.
   Status FillTensor(int set, const std::string& name, CUdeviceptr dst, uint64_t bytes);
   Status StartWorker();
+  // Starts a sandboxed worker (`prefix` before it on the command line: ncu)
+  // with its stderr in log_path, and initializes it.
+  StatusOr<ChildProcess> LaunchWorker(const std::vector<std::string>& prefix, const std::string& log_path);
+  // One candidate's counters run (gpu_evaluator_counters.cc).
+  CounterReport CountersOf(const Candidate& candidate, const std::string& ncu);
   void StopWorker(const std::string& why);
   std::string TakeWorkerLog();
   RunResult RunOnce(int set, bool split = false);
@@ -267,6 +284,9 @@ class GpuEvaluator : public CandidateEvaluator {
   ChildProcess worker_;
   std::string worker_log_path_;
   bool worker_ready_ = false;
+  double run_timeout_scale_ = 1;    // > 1 while a run is profiled (ncu replays each launch)
+  std::string counters_unavailable_;  // why ncu cannot read counters here, once found
+  bool ncu_extra_metrics_ = true;     // false once ncu refused one of NcuExtraMetrics()
   double bandwidth_gbps_ = 0;
   std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
   int worker_restarts_ = 0;

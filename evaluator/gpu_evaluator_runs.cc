@@ -32,7 +32,6 @@ using namespace gpu_internal;  // NOLINT: the evaluator's own internals
 
 Status GpuEvaluator::StartWorker() {
   worker_ready_ = false;
-  KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts_.worker_path));
   if (worker_log_path_.empty()) {
     char tmpl[] = "/tmp/ks-worker-XXXXXX.log";
     int fd = mkstemps(tmpl, 4);
@@ -40,6 +39,13 @@ Status GpuEvaluator::StartWorker() {
     close(fd);
     worker_log_path_ = tmpl;
   }
+  KS_ASSIGN_OR_RETURN(worker_, LaunchWorker({}, worker_log_path_));
+  worker_ready_ = true;
+  return Status::Ok();
+}
+
+StatusOr<ChildProcess> GpuEvaluator::LaunchWorker(const std::vector<std::string>& prefix, const std::string& log_path) {
+  KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts_.worker_path));
   SandboxLimits limits;
   limits.drop_privileges = opts_.drop_privileges;
   // Diagnostics: KS_WORKER_SANDBOX=keepuser,nonetns,dumpable relaxes single steps.
@@ -49,8 +55,14 @@ Status GpuEvaluator::StartWorker() {
     if (s.find("nonetns") != std::string::npos) limits.new_network_namespace = false;
     if (s.find("dumpable") != std::string::npos) limits.keep_dumpable = true;
   }
-  KS_ASSIGN_OR_RETURN(worker_, ChildProcess::Start({worker, "serve"}, {}, worker_log_path_,
-                                                   [limits] { return ApplySandbox(limits); }));
+  std::vector<std::string> argv = prefix;
+  argv.push_back(worker);
+  argv.push_back("serve");
+  // A profiler in front (ncu) keeps its settings under $HOME: one it may write
+  // when it runs as nobody.
+  std::map<std::string, std::string> env;
+  if (!prefix.empty()) env["HOME"] = "/tmp";
+  KS_ASSIGN_OR_RETURN(ChildProcess w, ChildProcess::Start(argv, env, log_path, [limits] { return ApplySandbox(limits); }));
   wire::InitRequest init;
   for (const auto& o : outputs_) {
     wire::OutputRegion region{o.offset, o.bytes, {}};
@@ -66,19 +78,18 @@ Status GpuEvaluator::StartWorker() {
   init.scrub_shared_bytes = static_cast<uint32_t>(info_.shared_per_block_optin);
   init.sms = static_cast<uint32_t>(info_.multiprocessors);
   init.printf_fifo_bytes = 1 << 20;
-  KS_RETURN_IF_ERROR(SendMessage(worker_.stdin_fd(), wire::ToJson(init)));
-  auto reply = ReceiveMessage(worker_.stdout_fd(), 120);
+  KS_RETURN_IF_ERROR(SendMessage(w.stdin_fd(), wire::ToJson(init)));
+  auto reply = ReceiveMessage(w.stdout_fd(), 120);
   std::optional<wire::ErrorReply> refused = reply.ok() ? wire::ErrorOf(*reply) : std::nullopt;
   auto started = reply.ok() && !refused ? wire::FromJson<wire::InitReply>(*reply) : StatusOr<wire::InitReply>(Internal(""));
   if (!reply.ok() || refused || !started.ok()) {
     std::string why = !reply.ok() ? reply.status().message() : refused ? refused->message : started.status().message();
-    std::string log = TakeWorkerLog();
-    worker_.Kill();
+    w.Kill();
+    std::string log = log_path == worker_log_path_ ? TakeWorkerLog() : "";
     return FailedPrecondition("the GPU worker did not start: " + why + (log.empty() ? "" : "\n" + log));
   }
-  worker_heap_bytes_ = started->heap_bytes;
-  worker_ready_ = true;
-  return Status::Ok();
+  if (prefix.empty()) worker_heap_bytes_ = started->heap_bytes;
+  return w;
 }
 
 void GpuEvaluator::StopWorker(const std::string& why) {
@@ -109,11 +120,11 @@ std::string GpuEvaluator::TakeWorkerLog() {
 
 
 double GpuEvaluator::RunTimeout() const {
-  if (opts_.run_timeout_s > 0) return opts_.run_timeout_s;
+  if (opts_.run_timeout_s > 0) return run_timeout_scale_ * opts_.run_timeout_s;
   // Auto: generous against what PyTorch needs for the same work, so a slow but
   // honest naive kernel finishes while a hang costs seconds, not minutes.
   double eager_s = ref_.eager ? ref_.eager->median_ms / 1e3 : 0;
-  return std::clamp(200 * eager_s, 2.0, 60.0);
+  return run_timeout_scale_ * std::clamp(200 * eager_s, 2.0, 60.0);
 }
 
 GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {

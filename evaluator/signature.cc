@@ -228,6 +228,15 @@ StatusOr<Signature> SignatureFromJson(const nlohmann::json& j) {
                             t.value("large_rel", 0.0), t.value("large_share", 0.0)};
   }
   if (j.contains("flops") && j["flops"].is_number()) s.flops = j["flops"].get<double>();
+  // The bridge writes null where it has no figure (Python's None).
+  auto text = [&](const char* key, const std::string& otherwise) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : otherwise;
+  };
+  s.flops_source = text("flops_source", s.flops ? "FLOPS" : "");
+  s.flops_note = text("flops_note", "");
+  if (j.contains("flops_by_class") && j["flops_by_class"].is_object())
+    for (const auto& [cls, v] : j["flops_by_class"].items())
+      if (v.is_number() && v.get<double>() > 0) s.flops_by_class[cls] = v.get<double>();
   for (auto [key, dst] : {std::pair{"inputs", &s.inputs}, {"parameters", &s.parameters}, {"outputs", &s.outputs}}) {
     if (!j.contains(key)) continue;
     for (const auto& e : j[key]) {
@@ -256,6 +265,9 @@ nlohmann::json SignatureToJson(const Signature& s) {
       if (v > 0) j["tolerance"][key] = v;
   }
   j["flops"] = s.flops ? nlohmann::json(*s.flops) : nlohmann::json(nullptr);
+  if (!s.flops_source.empty()) j["flops_source"] = s.flops_source;
+  if (!s.flops_note.empty()) j["flops_note"] = s.flops_note;
+  if (!s.flops_by_class.empty()) j["flops_by_class"] = s.flops_by_class;
   if (!s.reference_error.empty()) {
     j["reference_error"] = nlohmann::json::object();
     for (const auto& [name, e] : s.reference_error) j["reference_error"][name] = {{"rms", e.rms}, {"rel_norm", e.rel_norm}};

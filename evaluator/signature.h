@@ -116,7 +116,13 @@ struct Signature {
   std::string name;         // file stem
   std::string description;  // DESCRIPTION, or ""
   std::optional<Tolerance> tolerance;  // TOLERANCE, when the problem sets it
-  std::optional<double> flops;         // FLOPS, when the problem sets it
+  // Useful work per call, for the compute floor: the problem's FLOPS, else
+  // counted by the bridge (torch.utils.flop_counter on the meta device:
+  // matmul, convolution, attention); absent when neither (flops_note says why).
+  std::optional<double> flops;
+  std::string flops_source;                       // "FLOPS", "counted", "" (absent)
+  std::map<std::string, double> flops_by_class;   // compute class ("fp32", "bf16", ...) -> FLOPs
+  std::string flops_note;                         // why not counted, or what the count leaves out
   std::vector<TensorSpec> inputs;      // forward's arguments, in order
   std::vector<TensorSpec> parameters;  // state_dict entries
   std::vector<TensorSpec> outputs;     // out, or out0, out1, ...

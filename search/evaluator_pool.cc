@@ -20,6 +20,12 @@ StatusOr<std::vector<Evaluation>> DeviceBoundEvaluator::EvaluateBatch(const std:
   return inner_->EvaluateBatch(candidates);
 }
 
+std::vector<CounterReport> DeviceBoundEvaluator::ReadCounters(const std::vector<Candidate>& candidates) {
+  auto ctx = PrimaryContext::Open(device_);
+  if (!ctx.ok()) return std::vector<CounterReport>(candidates.size(), CounterReport{{}, ctx.status().message(), 0});
+  return inner_->ReadCounters(candidates);
+}
+
 StatusOr<std::vector<int>> ParseGpuList(const std::string& text, int device_count) {
   if (text == "all") {
     if (device_count == 0) return FailedPrecondition("--gpus all: no GPU on this machine");
@@ -101,6 +107,14 @@ void EvaluatorPool::Release(int index, bool retire, int64_t evaluated) {
     m.evaluated += evaluated;
   }
   free_cv_.notify_all();
+}
+
+std::vector<CounterReport> EvaluatorPool::ReadCounters(const std::vector<Candidate>& candidates) {
+  int m = Acquire();
+  if (m < 0) return std::vector<CounterReport>(candidates.size(), CounterReport{{}, "every evaluator of the pool is retired", 0});
+  auto out = members_[static_cast<size_t>(m)].evaluator->ReadCounters(candidates);
+  Release(m, /*retire=*/false, 0);
+  return out;
 }
 
 StatusOr<std::vector<Evaluation>> EvaluatorPool::EvaluateBatch(const std::vector<Candidate>& candidates) {

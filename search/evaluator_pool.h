@@ -44,6 +44,7 @@ class DeviceBoundEvaluator final : public CandidateEvaluator {
       : inner_(std::move(inner)), device_(device) {}
   ~DeviceBoundEvaluator() override;
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override;
   std::string DeviceName() const override { return inner_->DeviceName(); }
 
  private:
@@ -61,6 +62,8 @@ class EvaluatorPool final : public CandidateEvaluator {
   EvaluatorPool& operator=(const EvaluatorPool&) = delete;
 
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
+  // On the first member that is not retired (GPUs of one host are alike).
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override;
   // The first member's device (members of one pool are GPUs of one host).
   std::string DeviceName() const override;
 

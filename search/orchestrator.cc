@@ -14,6 +14,7 @@ const char* SearchEventTypeName(SearchEvent::Type t) {
     case SearchEvent::Type::kNewBest: return "new_best";
     case SearchEvent::Type::kLlmCall: return "llm_call";
     case SearchEvent::Type::kFinished: return "finished";
+    case SearchEvent::Type::kNote: return "note";
   }
   return "?";
 }
@@ -118,6 +119,14 @@ StatusOr<SearchOutcome> Orchestrator::SearchRun::EvaluateOnly() {
   if (!o_->deps_.evaluator) return FailedPrecondition("evaluate-pending needs an evaluator");
   KS_RETURN_IF_ERROR(Load());
   auto n = EvaluateBatch();
+  if (n.ok()) {
+    // evaluate-pending on a GPU node: the counters of each round's fastest, for
+    // the prompts the model side renders next.
+    std::set<int> rounds;
+    if (auto cands = store_->ListCandidates(search_id_); cands.ok())
+      for (const auto& c : *cands) rounds.insert(c.round);
+    if (Status st = ReadCountersOfBest(rounds); !st.ok()) n = st;
+  }
   Status saved = SaveElapsed();
   if (!n.ok()) return n.status();
   KS_RETURN_IF_ERROR(saved);
@@ -281,6 +290,9 @@ Status Orchestrator::SearchRun::ProcessRound(const RoundRow& round, Mode mode, b
     interrupted = first_pass_interrupted_ || StoppingLocked();
   }
   if (!round.generated && !interrupted) KS_RETURN_IF_ERROR(store_->MarkRoundGenerated(search_id_, round.round));
+  // Once the round's candidates (repairs too) are evaluated: the counters of
+  // its fastest, which the next round's prompts show.
+  if (mode == Mode::kContinuous && !Cancelled()) KS_RETURN_IF_ERROR(ReadCountersOfBest({round.round}));
   return Status::Ok();
 }
 
@@ -381,6 +393,38 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
   KS_RETURN_IF_ERROR(UpdateBest());
   KS_RETURN_IF_ERROR(SaveElapsed());
   return done;
+}
+
+Status Orchestrator::SearchRun::ReadCountersOfBest(const std::set<int>& rounds) {
+  if (config_.profile_top <= 0 || !o_->deps_.evaluator) return Status::Ok();
+  KS_ASSIGN_OR_RETURN(auto correct, store_->CorrectCandidates(search_id_));  // fastest first
+  std::map<int, int> taken;  // round -> candidates among its fastest so far
+  std::vector<int64_t> ids;
+  std::vector<Candidate> batch;
+  for (const auto& c : correct) {
+    if (!rounds.count(c.round) || taken[c.round]++ >= config_.profile_top) continue;
+    if (!c.evaluation || counters_read_.count(c.id)) continue;
+    // Read before (an earlier process of a resumed search, or a copy): kept.
+    auto j = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+    if (j.is_object() && j.contains("counters")) continue;
+    counters_read_.insert(c.id);
+    ids.push_back(c.id);
+    batch.push_back(Candidate{c.source, c.plan_json});
+  }
+  if (batch.empty()) return Status::Ok();
+  auto t0 = Clock::now();
+  std::vector<CounterReport> reports = o_->deps_.evaluator->ReadCounters(batch);
+  counters_s_ += Seconds(t0);
+  evaluator_s_ += Seconds(t0);
+  for (size_t i = 0; i < ids.size() && i < reports.size(); ++i) {
+    KS_RETURN_IF_ERROR(store_->SetEvaluationCounters(ids[i], CounterReportToJson(reports[i])));
+    if (reports[i].launches.empty() && !reports[i].note.empty() && reports[i].note != counters_note_) {
+      counters_note_ = reports[i].note;
+      Emit({.type = SearchEvent::Type::kNote, .round = round_, .candidate_id = ids[i],
+            .text = "no hardware counters for candidate " + std::to_string(ids[i]) + ": " + reports[i].note});
+    }
+  }
+  return Status::Ok();
 }
 
 Status Orchestrator::SearchRun::SaveElapsed() {

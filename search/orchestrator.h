@@ -57,6 +57,7 @@ struct SearchEvent {
     kNewBest,             // candidate_id, speedup
     kLlmCall,             // text = role, error in `error`; totals updated
     kFinished,            // final_status, text = stop reason
+    kNote,                // text: something the user should know once (no hardware counters: why)
   };
   Type type = Type::kRoundStarted;
   int64_t search_id = 0;

@@ -6,12 +6,16 @@
 #include <cstdio>
 
 #include "evaluator/compiler.h"
+#include "evaluator/counters.h"
 #include "evaluator/launch_profile.h"
 
 namespace ks {
 namespace {
 
 constexpr size_t kMaxLogChars = 6000;  // the first compiler errors are the ones that matter
+// The hardware-counter digest of a kernel in a prompt: enough for a plan of a
+// few launches (about 300 characters each), never a raw metric dump.
+constexpr size_t kMaxCountersChars = 1200;
 
 std::string Shape(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -147,6 +151,19 @@ std::string BankExamplesText(const std::vector<BankKernel>& bank) {
   return out;
 }
 
+// What the floor rests on, in a few words: " (compute-bound: 137 GFLOP of
+// fp32 matmul work at 165 TFLOP/s via 3xTF32; memory floor 0.0671 ms)".
+std::string FloorBasis(const Roofline& r) {
+  if (r.compute_floor_ms <= 0 && r.memory_floor_ms <= 0) return "";
+  if (r.compute_floor_ms <= 0) return " (memory-bound: the bytes that must move over the measured bandwidth)";
+  std::string path = r.fp32_path == "3xTF32" ? " via 3xTF32 on the tensor cores (float32-accurate)" : "";
+  std::string s = fmt::format(" ({}-bound: {:.3g} GFLOP of {} matrix work at {:.0f} TFLOP/s{}; the {} floor is {:.4f} ms)",
+                              r.bound, r.flops / 1e9, r.compute_class, r.peak_tflops, path,
+                              r.bound == "compute" ? "memory" : "compute",
+                              r.bound == "compute" ? r.memory_floor_ms : r.compute_floor_ms);
+  return s;
+}
+
 std::string MeasurementsText(const ParentKernel& parent) {
   std::string out;
   if (!parent.evaluation) {
@@ -166,9 +183,15 @@ std::string MeasurementsText(const ParentKernel& parent) {
     const Roofline& r = *e.roofline;
     out += fmt::format("- Roofline: {:.0f} GB/s", r.achieved_gbps);
     if (r.flops > 0) out += fmt::format(", {:.2f} TFLOP/s", r.achieved_tflops);
-    out += fmt::format("; the floor is {:.4f} ms, so this runs at {:.0f}% of the achievable speed\n", r.floor_ms,
-                       100 * r.fraction_of_floor);
+    out += fmt::format("; the floor is {:.4f} ms{}, so this runs at {:.0f}% of the achievable speed\n", r.floor_ms,
+                       FloorBasis(r), 100 * r.fraction_of_floor);
   }
+  // The digest, not the raw metrics: a few hundred characters per launch.
+  // Without counters nothing is said: why is the user's business (eval, the
+  // search's note), not the model's.
+  if (e.counters && !e.counters->launches.empty())
+    out += "- Hardware counters (Nsight Compute, one launch each; % of the GPU's peak):\n" +
+           CountersText(*e.counters, "  - ", kMaxCountersChars);
   for (const auto& k : e.resources)
     out += fmt::format("- Kernel `{}`: {} registers/thread, {} static shared, {} B stack, spills {} B store / {} B load\n",
                        k.kernel, k.registers, Bytes(k.static_shared_bytes), k.stack_frame_bytes, k.spill_store_bytes,

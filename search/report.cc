@@ -7,7 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
+#include "evaluator/roofline.h"
 
 // The page template and ECharts are compiled in (assembler .incbin of the files
 // named by CMake), so that `kernelsearch report` and the server need no data
@@ -122,13 +124,18 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
     max_round = std::max(max_round, c.round);
     nlohmann::json e;
     std::optional<double> fraction;
-    std::string message, robustness;
+    std::string message, robustness, floor_text, counters_text;
     bool specialised = false;
     if (c.evaluation) {
       e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
       if (e.is_object()) {
         if (e.contains("roofline") && e["roofline"].is_object())
           fraction = e["roofline"].value("fraction_of_floor", 0.0);
+        // The floor's basis and the counters' digest, as `eval` words them.
+        if (auto ev = EvaluationFromJson(e); ev.ok()) {
+          if (ev->roofline) floor_text = RooflineFloorText(*ev->roofline);
+          if (ev->counters) counters_text = CountersText(*ev->counters, "", 4000);
+        }
         if (!eager_ms && e.contains("eager") && e["eager"].is_object()) eager_ms = e["eager"].value("median_ms", 0.0);
         if (!compile_ms && e.contains("compiled") && e["compiled"].is_object())
           compile_ms = e["compiled"].value("median_ms", 0.0);
@@ -156,6 +163,8 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
                   {"speedup_compile", c.evaluation ? Opt(c.evaluation->speedup_compile) : nlohmann::json()},
                   {"roofline_fraction", Opt(fraction)},
                   {"message", message},
+                  {"floor", floor_text},
+                  {"counters", counters_text},
                   {"specialised", specialised},
                   {"robustness", robustness},
                   {"source", c.source.empty() ? c.raw_response : c.source},

@@ -31,6 +31,9 @@ struct ScriptedEvaluatorOptions {
   double compile_ms = 1.5;
   double delay_ms = 0;     // sleep per candidate, to stand in for GPU time
   double floor_ms = 0;     // > 0: a roofline whose floor is this time (fraction = floor / median)
+  // Hardware counters to report for every profiled candidate (tests of the
+  // digest reaching prompts); absent: none, with the base class's note.
+  std::optional<CounterReport> counters;
   std::string log_path;    // "" = no log
   int64_t fail_after = -1; // < 0: never
   std::string device = "fake-gpu";
@@ -52,6 +55,12 @@ class ScriptedEvaluator final : public CandidateEvaluator {
   explicit ScriptedEvaluator(ScriptedEvaluatorOptions options) : options_(std::move(options)) {}
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
   std::string DeviceName() const override { return options_.device; }
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override {
+    if (!options_.counters) return CandidateEvaluator::ReadCounters(candidates);
+    profiled_ += static_cast<int64_t>(candidates.size());
+    return std::vector<CounterReport>(candidates.size(), *options_.counters);
+  }
+  int64_t profiled() const { return profiled_.load(); }
 
   int64_t evaluated() const { return evaluated_.load(); }
   int64_t batches() const { return batches_.load(); }
@@ -62,6 +71,7 @@ class ScriptedEvaluator final : public CandidateEvaluator {
   Evaluation Decide(const Candidate& c) const;
 
  private:
+  std::atomic<int64_t> profiled_{0};
   const ScriptedEvaluatorOptions options_;
   std::atomic<int64_t> evaluated_{0};
   std::atomic<int64_t> batches_{0};

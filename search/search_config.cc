@@ -14,6 +14,7 @@ Status SearchConfig::Validate() const {
   if (branches < 1) return InvalidArgument("branches must be >= 1");
   if (beam < 1) return InvalidArgument("beam must be >= 1");
   if (repair_attempts < 0) return InvalidArgument("repair attempts must be >= 0");
+  if (profile_top < 0) return InvalidArgument("profile_top must be >= 0");
   if (budget_calls < 0 || budget_tokens < 0 || budget_cost_usd < 0 || budget_minutes < 0)
     return InvalidArgument("budgets must be >= 0 (0 = unlimited)");
   if (target_speedup < 0) return InvalidArgument("target speedup must be >= 0");
@@ -71,6 +72,7 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"branches", c.branches},
           {"beam", c.beam},
           {"repair_attempts", c.repair_attempts},
+          {"profile_top", c.profile_top},
           {"budget_calls", c.budget_calls},
           {"budget_tokens", c.budget_tokens},
           {"budget_cost_usd", c.budget_cost_usd},
@@ -93,7 +95,7 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
   if (!j.is_object()) return InvalidArgument("search config must be a JSON object");
   static const std::set<std::string> kKeys = {
-      "rounds", "ideas", "branches", "beam", "repair_attempts", "budget_calls", "budget_tokens",
+      "rounds", "ideas", "branches", "beam", "repair_attempts", "profile_top", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
       "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "allow_degenerate",
       "require_robust", "precision"};
@@ -106,6 +108,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     c.branches = j.value("branches", c.branches);
     c.beam = j.value("beam", c.beam);
     c.repair_attempts = j.value("repair_attempts", c.repair_attempts);
+    c.profile_top = j.value("profile_top", c.profile_top);
     c.budget_calls = j.value("budget_calls", c.budget_calls);
     c.budget_tokens = j.value("budget_tokens", c.budget_tokens);
     c.budget_cost_usd = j.value("budget_cost_usd", c.budget_cost_usd);

@@ -23,6 +23,10 @@ struct SearchConfig {
   int branches = 2;         // K: independent implementations per idea
   int beam = 2;             // B: kernels carried into the next round
   int repair_attempts = 1;  // repairs chained onto a failed candidate (0 = none)
+  // Hardware counters (Nsight Compute) of the fastest correct candidates of
+  // each round, for the next round's prompts: how many (0 = none). Each costs
+  // one more verified run under the profiler, seconds, not minutes.
+  int profile_top = 1;
 
   // Budgets; 0 = unlimited. All count the whole search: a resumed or split
   // search adds up the calls, tokens, cost and wall time of every process that

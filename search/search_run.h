@@ -222,6 +222,12 @@ class Orchestrator::SearchRun {
 
   Status UpdateBest();
 
+  // Hardware counters (evaluator/counters.h) of the config_.profile_top
+  // fastest correct candidates of each of `rounds` not read yet, once the
+  // round is evaluated: the kernels the next round's prompts show. Stored with
+  // their evaluations; where they cannot be read, a note says why, once.
+  Status ReadCountersOfBest(const std::set<int>& rounds);
+
   // ---- stopping and finishing ----
 
   bool Cancelled() const { return o_->cancelled(); }
@@ -276,6 +282,9 @@ class Orchestrator::SearchRun {
   std::optional<int64_t> best_id_;     // written by the Run thread only
   std::optional<double> best_speedup_;  // (mu_) for readers on other threads
   double evaluator_s_ = 0;             // Run thread only
+  double counters_s_ = 0;              // Run thread only: of evaluator_s_, reading hardware counters
+  std::set<int64_t> counters_read_;    // Run thread only: candidates profiled by this process
+  std::string counters_note_;          // Run thread only: the last "no counters" note emitted
   double llm_wait_s_ = 0;              // (mu_)
 };
 

@@ -122,6 +122,29 @@ Status LineageStore::PutEvaluation(int64_t candidate_id, const Evaluation& evalu
   return txn.Commit();
 }
 
+Status LineageStore::SetEvaluationCounters(int64_t candidate_id, const nlohmann::json& counters) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  std::string text;
+  {
+    KS_STMT(q, "SELECT evaluation_json FROM evaluations WHERE candidate_id = ?");
+    q.Bind(1, candidate_id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return NotFound("no evaluation of candidate " + std::to_string(candidate_id));
+    text = q.Text(0);
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return Internal("the stored evaluation of candidate " + std::to_string(candidate_id) + " is not JSON");
+  j["counters"] = counters;
+  {
+    KS_STMT(u, "UPDATE evaluations SET evaluation_json = ? WHERE candidate_id = ?");
+    u.Bind(1, j.dump()).Bind(2, candidate_id);
+    KS_RETURN_IF_ERROR(u.Run());
+  }
+  return txn.Commit();
+}
+
 Status LineageStore::PutEvaluationLocked(int64_t candidate_id, const Evaluation& evaluation,
                                          std::optional<int64_t> reused_from) {
   {

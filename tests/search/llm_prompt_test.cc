@@ -410,3 +410,57 @@ TEST(LlmParseTest, CandidateReply) {
 
 }  // namespace
 }  // namespace ks
+
+namespace ks {
+namespace {
+
+// The compute floor and the hardware counters reach both prompts as a short
+// digest next to the roofline fraction, within a size budget.
+TEST(LlmPromptTest, MeasurementsShowTheFloorBasisAndTheCounterDigest) {
+  ParentKernel parent;
+  parent.candidate = SeedCandidate();
+  Evaluation e = MeasuredEvaluation();
+  Roofline& r = *e.roofline;
+  r.flops = 1.374e11;
+  r.compute_class = "fp32";
+  r.bound = "compute";
+  r.peak_tflops = 165;
+  r.compute_floor_ms = 0.833;
+  r.memory_floor_ms = 0.0671;
+  r.floor_ms = 0.833;
+  r.fp32_path = "3xTF32";
+  CounterReport c;
+  for (int i = 0; i < 12; ++i) {  // a plan of many launches: the budget holds
+    LaunchCounters l;
+    l.index = i;
+    l.kernel = "row_stats";
+    l.duration_ms = 0.1;
+    l.dram_pct = 61;
+    l.dram_gbps = 1830;
+    l.l2_hit_pct = 12;
+    l.tensor_pct = 0;
+    l.stalls = {{"long_scoreboard", 0.48}, {"barrier", 0.21}};
+    c.launches.push_back(l);
+  }
+  e.counters = c;
+  parent.evaluation = e;
+  std::string text = MeasurementsText(parent);
+  EXPECT_THAT(text, HasSubstr("compute-bound: 137 GFLOP of fp32 matrix work at 165 TFLOP/s via 3xTF32"));
+  EXPECT_THAT(text, HasSubstr("Hardware counters (Nsight Compute"));
+  EXPECT_THAT(text, HasSubstr("DRAM 61% of peak (1830 GB/s)"));
+  EXPECT_THAT(text, HasSubstr("L2 hit 12%"));
+  EXPECT_THAT(text, HasSubstr("stalls: long scoreboard 48%, barrier 21%"));
+  EXPECT_THAT(text, HasSubstr("tensor pipe 0%"));
+  EXPECT_THAT(text, HasSubstr("more launches (not shown)"));
+  // The block, from its heading to the next measurement: within its budget.
+  size_t at = text.find("- Hardware counters"), end = text.find("\n- ", at + 1);
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_LT(end - at, 1300u) << "the digest must stay short";
+  // No counters: the model is told nothing (the user gets the reason).
+  e.counters = CounterReport{{}, "no Nsight Compute (ncu) on PATH", 0};
+  parent.evaluation = e;
+  EXPECT_EQ(MeasurementsText(parent).find("Hardware counters"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ks

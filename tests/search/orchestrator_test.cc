@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
+#include "search/report.h"
 #include "search/scripted_evaluator.h"
 #include "store/candidate_hash.h"
 
@@ -309,7 +310,7 @@ TEST_F(OrchestratorTest, BudgetStopsTheSearch) {
   auto store = Store("b.db");
   FakeLlm llm;
   ScriptedEvaluator evaluator({});
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   SearchConfig c = Config(3, 2, 2, 2, 0);
   c.budget_calls = 5;
   int64_t id = NewSearch(store.get(), c);
@@ -338,7 +339,7 @@ TEST_F(OrchestratorTest, TargetSpeedupStopsTheSearch) {
   auto store = Store("t.db");
   FakeLlm llm;
   ScriptedEvaluator evaluator({.eager_ms = 100});  // every kernel is > 90x faster than eager
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   SearchConfig c = Config(3, 2, 2, 2, 0);
   c.target_speedup = 50;
   int64_t id = NewSearch(store.get(), c);
@@ -360,7 +361,7 @@ TEST_F(OrchestratorTest, DuplicateCandidatesAreEvaluatedOnce) {
            "\"args\": [\"out\"]}]}\n```\n";
   };
   ScriptedEvaluator evaluator({});
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   int64_t id = NewSearch(store.get(), Config(1, 2, 3, 1, 0));
   auto out = orch.Run(id);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
@@ -386,7 +387,7 @@ TEST_F(OrchestratorTest, FailedCandidatesAreRepaired) {
   FakeLlm llm;
   llm.implement_ = [](const LlmRequest& r, int occ) { return FakeLlm::Kernel(r.prompt, occ, "compile_error"); };
   ScriptedEvaluator evaluator({});
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   int64_t id = NewSearch(store.get(), Config(0, 1, 2, 1, /*repairs=*/1));
   auto out = orch.Run(id);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
@@ -417,7 +418,7 @@ TEST_F(OrchestratorTest, UnparsableReplyIsAFailedCandidateNotAnError) {
   FakeLlm llm;
   llm.implement_ = [](const LlmRequest&, int) { return std::string("I cannot do that."); };
   ScriptedEvaluator evaluator({});
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   int64_t id = NewSearch(store.get(), Config(0, 1, 1, 1, 0));
   auto out = orch.Run(id);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
@@ -464,7 +465,7 @@ TEST_F(OrchestratorTest, ResumeAfterCancelMidRoundRepeatsNothingFinished) {
     int64_t id = NewSearch(store.get(), c);
     int total_calls = 0;
     for (int attempt = 0; attempt < 10; ++attempt) {
-      Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+      Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
       llm.to_cancel_ = &orch;
       llm.cancel_after_ = attempt == 0 ? cancel_at : 0;
       auto out = orch.Run(id);
@@ -530,7 +531,7 @@ TEST_F(OrchestratorTest, WallTimeIsStoredAndTheBudgetCountsEveryRun) {
   FakeLlm llm;
   ScriptedEvaluator evaluator({.delay_ms = 20});
   {
-    Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+    Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
     llm.to_cancel_ = &orch;
     llm.cancel_after_ = 3;
     auto out = orch.Run(id);
@@ -554,7 +555,7 @@ TEST_F(OrchestratorTest, WallTimeIsStoredAndTheBudgetCountsEveryRun) {
   // next run stops before asking the model anything, however short it is.
   ASSERT_TRUE(store->AddSearchElapsed(id, 600).ok());
   int calls = llm.calls();
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   auto out = orch.Run(id);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ(out->status, SearchStatus::kFinished);
@@ -567,7 +568,7 @@ TEST_F(OrchestratorTest, SeedKernelStartsRoundZero) {
   auto store = Store("s.db");
   FakeLlm llm;
   ScriptedEvaluator evaluator({});
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   SearchConfig c = Config(1, 1, 1, 1, 0);
   c.seed_source = "extern \"C\" __global__ void seed(float* out) { /* FAKE_MS(5) */ }";
   c.seed_plan = R"({"launches": [{"kernel": "seed", "grid": [1], "block": [1], "args": ["out"]}]})";
@@ -626,7 +627,7 @@ TEST_F(OrchestratorTest, IdeasPromptsShowPerLaunchFiguresOccupancyAndTheBestKern
   FakeLlm llm;
   llm.implement_ = [](const LlmRequest& r, int occ) { return TwoLaunchKernel(r.prompt, occ); };
   ScriptedEvaluator evaluator({});
-  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   int64_t id = NewSearch(store.get(), Config(/*rounds=*/2, /*ideas=*/2, /*branches=*/1, /*beam=*/1, 0));
   auto out = orch.Run(id);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
@@ -681,6 +682,73 @@ TEST_F(OrchestratorTest, IdeasPromptsShowPerLaunchFiguresOccupancyAndTheBestKern
   EXPECT_THAT(r2, HasSubstr("x eager, "));
   EXPECT_THAT(r2, HasSubstr("launches: `stats_"));
   EXPECT_THAT(r2, HasSubstr("(4 blocks/SM, registers-limited)"));
+}
+
+}  // namespace
+}  // namespace ks
+
+namespace ks {
+namespace {
+
+// Hardware counters of each round's best kernels reach the next round's
+// prompts; where the evaluator has none, the search goes on with one note.
+TEST_F(OrchestratorTest, CountersOfEachRoundsBestReachTheNextPrompts) {
+  auto store = Store("counters.db");
+  FakeLlm llm;
+  ScriptedEvaluatorOptions opts;
+  LaunchCounters l;
+  l.kernel = "copy";
+  l.dram_pct = 61;
+  l.l2_hit_pct = 12;
+  l.tensor_pct = 0;
+  l.stalls = {{"long_scoreboard", 0.48}, {"barrier", 0.21}};
+  opts.counters = CounterReport{{l}, "", 0.5};
+  ScriptedEvaluator evaluator(opts);
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
+  SearchConfig c = Config(/*rounds=*/1, /*ideas=*/2, /*branches=*/2, /*beam=*/1, 0);
+  c.profile_top = 1;
+  int64_t id = NewSearch(store.get(), c);
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  // One per round, once the round is evaluated: its fastest.
+  EXPECT_EQ(evaluator.profiled(), 2);
+  int with_counters = 0;
+  auto cands = store->ListCandidates(id);
+  ASSERT_TRUE(cands.ok());
+  for (const auto& cand : *cands)
+    if (cand.evaluation && cand.evaluation->evaluation_json.find("\"counters\"") != std::string::npos) ++with_counters;
+  EXPECT_EQ(with_counters, evaluator.profiled());
+  bool shown = false;
+  for (const auto& prompt : llm.Prompts("ideas"))
+    shown = shown || prompt.find("stalls: long scoreboard 48%, barrier 21%") != std::string::npos;
+  EXPECT_TRUE(shown) << "the ideas prompt of round 1 shows its parent's counter digest";
+  // The report shows the digest beside each profiled candidate.
+  auto data = ReportData(store.get(), id);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  int digests = 0;
+  for (const auto& rc : (*data)["candidates"])
+    if (rc.value("counters", std::string()).find("stalls: long scoreboard 48%") != std::string::npos) ++digests;
+  EXPECT_EQ(digests, 2);
+}
+
+TEST_F(OrchestratorTest, WithoutCountersTheSearchGoesOnWithOneNote) {
+  auto store = Store("nocounters.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({});
+  std::vector<SearchEvent> events;
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [&](const SearchEvent& e) { events.push_back(e); });
+  int64_t id = NewSearch(store.get(), Config(/*rounds=*/1, /*ideas=*/2, /*branches=*/2, /*beam=*/1, 0));
+  auto out = orch.Run(id);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, SearchStatus::kFinished);
+  int notes = 0;
+  for (const auto& e : events)
+    if (e.type == SearchEvent::Type::kNote) {
+      ++notes;
+      EXPECT_THAT(e.text, ::testing::HasSubstr("reads no hardware counters"));
+    }
+  EXPECT_EQ(notes, 1) << "said once, not per candidate";
+  for (const auto& prompt : llm.Prompts("ideas")) EXPECT_EQ(prompt.find("Hardware counters"), std::string::npos);
 }
 
 }  // namespace
