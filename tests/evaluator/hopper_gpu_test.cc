@@ -47,6 +47,7 @@ std::string CopyPlan(const std::string& map) {
 }
 
 TEST(HopperGpuTest, ATmaTileCopyIsCorrectOnEveryInputSet) {
+  KS_REQUIRE_GPU();  // before the reference: it needs a GPU too
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("tma_copy.py"), /*sets=*/3);
   KS_REQUIRE_HOPPER(ev);
   // 300 x 200: the last row and column of tiles hang over the edge, where TMA fills zeros.
@@ -58,6 +59,7 @@ TEST(HopperGpuTest, ATmaTileCopyIsCorrectOnEveryInputSet) {
 }
 
 TEST(HopperGpuTest, AWgmmaGemmRunsUnderTheArchSpecificTarget) {
+  KS_REQUIRE_GPU();  // before the reference: it needs a GPU too
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("gemm_bf16_small.py"), /*sets=*/2);
   KS_REQUIRE_HOPPER(ev);
   // The benchmark's own kernel (bench/hopper/): TMA, a 4-stage mbarrier
@@ -70,6 +72,7 @@ TEST(HopperGpuTest, AWgmmaGemmRunsUnderTheArchSpecificTarget) {
 }
 
 TEST(HopperGpuTest, EachBadTensorMapIsRefusedWithItsRule) {
+  KS_REQUIRE_GPU();  // before the reference: it needs a GPU too
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("tma_copy.py"), /*sets=*/3);
   KS_REQUIRE_HOPPER(ev);
   const std::string source = Fixture("tma_tile_copy.cu");
