@@ -150,19 +150,17 @@ Status Orchestrator::SearchRun::Loop(Mode mode) {
       // Budgets and the target are checked here, between rounds; an unfinished
       // round is always processed first, so that what is pending gets evaluated.
       if (Stopping()) return Status::Ok();
-      if (last && last->round != judged_round_) {
-        KS_ASSIGN_OR_RETURN(std::string why, RoundFailure(last->round));
-        if (!why.empty()) {
-          std::lock_guard<std::mutex> lock(mu_);
-          failure_ = why;
-          return Status::Ok();
-        }
-      }
-      int next = last ? last->round + 1 : 0;
       int failed_rounds = 0;
       if (last) {
-        KS_ASSIGN_OR_RETURN(failed_rounds, FailedRounds(last->round));
+        KS_ASSIGN_OR_RETURN(std::vector<std::string> failures, RoundFailures(last->round));
+        if (last->round != judged_round_ && !failures.back().empty()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          failure_ = failures.back();
+          return Status::Ok();
+        }
+        for (const auto& why : failures) failed_rounds += why.empty() ? 0 : 1;
       }
+      int next = last ? last->round + 1 : 0;
       if (next - failed_rounds > config_.rounds) return Done("rounds");
       if (config_.target_speedup > 0 && BestSpeedup() && *BestSpeedup() >= config_.target_speedup)
         return Done(fmt::format("target speedup {:.2f}x reached", config_.target_speedup));
@@ -188,45 +186,41 @@ Status Orchestrator::SearchRun::Loop(Mode mode) {
   }
 }
 
-StatusOr<std::string> Orchestrator::SearchRun::RoundFailure(int round) {
+StatusOr<std::vector<std::string>> Orchestrator::SearchRun::RoundFailures(int last) {
   KS_ASSIGN_OR_RETURN(auto cands, store_->ListCandidates(search_id_));
-  int64_t in_round = 0, parsable_before = 0;
-  for (const auto& c : cands) {
-    const bool parsable = !c.plan_json.empty();
-    if (c.round == round) {
-      ++in_round;
-      if (parsable) return std::string();
-    } else if (c.round < round && parsable) {
-      ++parsable_before;
-    }
-  }
   KS_ASSIGN_OR_RETURN(auto calls, store_->ListLlmCalls(search_id_, /*finished_only=*/false));
-  const std::string prefix = fmt::format("r{}/", round);
-  int64_t made = 0, failed = 0;
-  std::string first_error;
+  struct Tally {
+    int64_t candidates = 0, parsable = 0, calls = 0, failed = 0;
+    std::string first_error;
+  };
+  std::vector<Tally> t(last + 1);
+  for (const auto& c : cands) {
+    if (c.round < 0 || c.round > last) continue;
+    ++t[c.round].candidates;
+    if (!c.plan_json.empty()) ++t[c.round].parsable;
+  }
   for (const auto& c : calls) {
-    if (c.slot_key.rfind(prefix, 0) != 0) continue;
-    ++made;
-    if (c.record.error.empty()) continue;
-    if (failed++ == 0) first_error = c.record.error;
+    int r = -1;
+    if (std::sscanf(c.slot_key.c_str(), "r%d/", &r) != 1 || r < 0 || r > last) continue;
+    ++t[r].calls;
+    if (!c.record.error.empty() && t[r].failed++ == 0) t[r].first_error = c.record.error;
   }
-  if (made > 0 && failed == made)
-    return fmt::format("no kernel in round {}: every model call failed ({}); first error: {}", round, failed,
-                       first_error);
-  if (parsable_before == 0)
-    return fmt::format("no kernel: the model's replies in round {} held no parsable candidate ({} repl{}, "
-                       "see `kernelsearch show` of a candidate for the reply)",
-                       round, in_round, in_round == 1 ? "y" : "ies");
-  return std::string();
-}
-
-StatusOr<int> Orchestrator::SearchRun::FailedRounds(int last) {
-  int failed = 0;
+  std::vector<std::string> out(last + 1);
+  int64_t parsable_before = 0;
   for (int r = 0; r <= last; ++r) {
-    KS_ASSIGN_OR_RETURN(std::string why, RoundFailure(r));
-    if (!why.empty()) ++failed;
+    const Tally& x = t[r];
+    if (x.parsable == 0) {
+      if (x.calls > 0 && x.failed == x.calls)
+        out[r] = fmt::format("no kernel in round {}: every model call failed ({}); first error: {}", r, x.failed,
+                             x.first_error);
+      else if (parsable_before == 0)
+        out[r] = fmt::format("no kernel: the model's replies in round {} held no parsable candidate ({} repl{}, "
+                             "see `kernelsearch show` of a candidate for the reply)",
+                             r, x.candidates, x.candidates == 1 ? "y" : "ies");
+    }
+    parsable_before += x.parsable;
   }
-  return failed;
+  return out;
 }
 
 StatusOr<bool> Orchestrator::SearchRun::RoundComplete(const RoundRow& round) {

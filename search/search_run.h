@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -143,15 +144,13 @@ class Orchestrator::SearchRun {
 
   Status ProcessRound(const RoundRow& round, Mode mode, bool* generated_something);
 
-  // Why complete round `round` fails the search, or "" when it does not: it
-  // produced no parsable candidate, and either every model call it made
-  // failed (the model cannot be reached, or refuses us) or the search has no
-  // parsable candidate at all (the model does not answer with kernels).
+  // For each complete round 0..last, why it failed the search, or "" when it
+  // did not: it produced no parsable candidate, and either every model call it
+  // made failed (the model cannot be reached, or refuses us) or no earlier
+  // round had a parsable candidate (the model does not answer with kernels).
   // `--resume` (with another --model) then starts a new round, and the rounds
-  // limit does not count failed rounds.
-  StatusOr<std::string> RoundFailure(int round);
-  // How many of rounds 0..last failed the search (RoundFailure).
-  StatusOr<int> FailedRounds(int last);
+  // limit does not count failed rounds. One read of the store for all rounds.
+  StatusOr<std::vector<std::string>> RoundFailures(int last);
 
   // ---- beam selection ----
 

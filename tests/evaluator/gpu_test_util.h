@@ -24,6 +24,11 @@ inline std::string GpuFixture(const std::string& name) {
   return std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/" + name;
 }
 
+// A problem the CPU tests also use (tests/evaluator/fixtures/), one copy for both.
+inline std::string CpuFixture(const std::string& name) {
+  return std::string(KS_SOURCE_DIR) + "/tests/evaluator/fixtures/" + name;
+}
+
 // The evaluator for a fixture problem, created on first use. Asserts on failure.
 inline GpuEvaluator* EvaluatorFor(const std::string& problem, int sets = 3, double run_timeout_s = 3,
                                   double compile_timeout_s = 60) {
