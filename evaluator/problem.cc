@@ -3,6 +3,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
@@ -289,13 +291,21 @@ struct SetFit {
 // layout): the arena (every set's inputs, parameters, outputs) and the pristine
 // copy (inputs and parameters again), plus one reference copy of the outputs per set.
 // (A resident reference's rule is fit_resident in bridge.py, which decides it.)
-SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget) {
-  uint64_t in = 0, params = 0, out = 0;
+// `shifted` of the `asked` sets are distribution-shifted ones, taken last (as
+// PrepareReference shares the room): each may carry its own copy of the
+// float32 parameters (transforms.py), on disk and twice in the arena.
+SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget,
+               int shifted = 0) {
+  uint64_t in = 0, params = 0, out = 0, own = 0;
   for (const auto& t : sig.inputs) if (!t.is_scalar) in += t.bytes();
   for (const auto& t : sig.parameters) if (!t.is_scalar) params += t.bytes();
+  for (const auto& t : sig.parameters)
+    if (!t.is_scalar && (t.dtype == DType::kFloat32 || t.dtype == DType::kFloat64)) own += t.bytes();
   for (const auto& t : sig.outputs) if (!t.is_scalar) out += t.bytes();
-  auto disk = [&](int k) { return params + uint64_t(k) * (in + out); };
-  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out); };
+  const int judging = asked - shifted;
+  auto shifted_in = [&](int k) -> uint64_t { return std::clamp(k - std::max(std::min(judging, 2), k - shifted), 0, shifted); };
+  auto disk = [&](int k) { return params + uint64_t(k) * (in + out) + shifted_in(k) * own; };
+  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out) + 2 * shifted_in(k) * own; };
   const uint64_t disk_limit = std::min(cap, disk_available);
   SetFit f;
   for (int k = asked; k >= 1; --k) {
@@ -428,6 +438,31 @@ std::string DefaultReferenceCacheDir() {
 
 namespace {
 
+// A JSON array of strings under `key` (anything else: empty).
+std::vector<std::string> StringList(const json& j, const char* key) {
+  std::vector<std::string> out;
+  if (j.is_object() && j.contains(key) && j[key].is_array())
+    for (const auto& v : j[key])
+      if (v.is_string()) out.push_back(v.get<std::string>());
+  return out;
+}
+
+// A set's own parameters must be parameters of the signature, each once, and
+// only a shifted set has them: the judging sets share one copy.
+Status CheckOwnParameters(const Signature& sig, const ReferenceSet& set, const std::string& where) {
+  std::set<std::string> seen;
+  for (const std::string& name : set.own_parameters) {
+    bool known = false;
+    for (const auto& p : sig.parameters) known = known || (p.name == name && !p.is_scalar);
+    if (!known || !seen.insert(name).second)
+      return InvalidArgument(where + ": set with seed " + std::to_string(set.seed) + " names '" + name +
+                             "' as its own parameter, which is not a tensor parameter of the signature (or twice)");
+  }
+  if (!set.own_parameters.empty() && set.transform.empty())
+    return InvalidArgument(where + ": a get_inputs() set with parameters of its own");
+  return Status::Ok();
+}
+
 // The parts of a manifest (written by the bridge) common to both kinds of
 // reference: the signature, device, timings, warnings, phases and scalars.
 // `where` names it in errors.
@@ -481,6 +516,7 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
       if (t.contains("reference_error") && t["reference_error"].is_object())
         for (const auto& [name, e] : t["reference_error"].items())
           if (e.is_object()) x.reference_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0)};
+      x.parameters = StringList(t, "parameters");
       d.transforms.push_back(std::move(x));
     }
   return d;
@@ -541,6 +577,8 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, set.files, set.seed, manifest_path));
     set.transform = s.value("transform", "");
+    set.own_parameters = StringList(s, "parameters");
+    KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, manifest_path));
     d.sets.push_back(std::move(set));
   }
   if (d.sets.empty()) return InvalidArgument(manifest_path + ": no input sets");
@@ -711,6 +749,8 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, where));
     set.transform = s.value("transform", "");
+    set.own_parameters = StringList(s, "parameters");
+    KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, where));
     d.sets.push_back(std::move(set));
     sets.push_back(std::move(tensors));
   }
@@ -956,7 +996,8 @@ StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const Refer
   // short, judging sets beyond two make way for them (a problem at KernelBench's
   // sizes otherwise keeps none, and those are the problems users export).
   const int shifted_max = opts.shape_variant >= 0 ? 0 : kTransformSets;  // none at another shape
-  const SetFit all = FitSets(sig, opts.sets + shifted_max, cap, free_disk + usage.entry_bytes, opts.device_budget);
+  const SetFit all =
+      FitSets(sig, opts.sets + shifted_max, cap, free_disk + usage.entry_bytes, opts.device_budget, shifted_max);
   SetFit fit = plain;
   fit.sets = std::min(opts.sets, std::max(std::min(opts.sets, 2), all.sets - shifted_max));
   const int transform_room = std::clamp(all.sets - fit.sets, 0, shifted_max);

@@ -222,11 +222,12 @@ class Problem:
         if variants is not None and not callable(variants):
             raise self.fail("bad_metadata", "get_inputs_variants is not a function (it returns a list of input lists, "
                             "each like get_inputs()'s at other shapes)")
-        if getattr(m, "INPUT_TRANSFORMS", None) is not None:
-            import transforms
-            why = transforms.check_metadata(m.INPUT_TRANSFORMS)
-            if why:
-                raise self.fail("bad_metadata", why)
+        for what in ("INPUT_TRANSFORMS", "PARAMETER_TRANSFORMS"):
+            if getattr(m, what, None) is not None:
+                import transforms
+                why = transforms.check_metadata(getattr(m, what), what)
+                if why:
+                    raise self.fail("bad_metadata", why)
 
     @property
     def tolerance(self):
@@ -1636,6 +1637,33 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     return manifest
 
 
+def _shifted_state(model, snapshot, name, seed, params_too):
+    """The model as a shifted set runs it: the pre-forward state, its float32
+    parameters transformed by `name` when params_too (transforms.py)."""
+    import transforms
+    _restore_state(model, snapshot)
+    if params_too:
+        transforms.apply_to_parameters(name, model, seed)
+
+
+def _shifted_forward(problem, model, inputs, sig_outputs, base_nonfinite):
+    """forward on a shifted set: (outputs, None), or (outputs or None, why the
+    set cannot judge: forward raised, other shapes, NaN/Inf where set 0 has none)."""
+    import transforms
+    try:
+        outputs = problem.forward(model, inputs)
+    except BridgeError as e:
+        return None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
+    if output_specs(problem, outputs) != sig_outputs:
+        return outputs, "forward() returns other output shapes or dtypes on these inputs"
+    for (oname, t) in outputs:
+        bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
+        if bad > before:
+            return outputs, ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has "
+                             "%d (outside the operator's domain or range)" % (oname, bad, before))
+    return outputs, None
+
+
 def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
                          room, base_nonfinite, manifest_sets, files_params, notes, forward_s=0.0, peak_forward=0):
     """The distribution-shifted input sets (transforms.py), appended to
@@ -1672,6 +1700,8 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
     # A shifted set rounds differently from set 0 (outliers dominate a variance,
     # a scaled sum cancels otherwise): its own float64 run widens its tolerance.
     fp64_left = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    p_wanted = transforms.parameters_chosen(problem.module)
+    p_names = transforms.transformable_parameters(model)
     for name in transforms.TRANSFORMS:
         if name not in wanted:
             info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})
@@ -1699,22 +1729,23 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
             elif set_dir:
                 store_tensor(v, os.path.join(set_dir, spec["name"] + ".bin"))
                 files[spec["name"]] = "set%d/%s.bin" % (index, spec["name"])
-        _restore_state(model, snapshot)
-        _seed_everything(set_seed)
-        why = None
-        try:
-            outputs = problem.forward(model, inputs)
-        except BridgeError as e:
-            outputs, why = None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
-        if outputs is not None and output_specs(problem, outputs) != sig_outputs:
-            why = "forward() returns other output shapes or dtypes on these inputs"
-        if why is None:
-            for (oname, t) in outputs:
-                bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
-                if bad > before:
-                    why = ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has %d "
-                           "(outside the operator's domain or range)" % (oname, bad, before))
-                    break
+        # The parameters change with the inputs where the problem has float32
+        # ones; where PyTorch's output is then not finite (or forward raises),
+        # the set is made again with the inputs alone.
+        tries = [True, False] if (name in p_wanted and p_names) else [False]
+        param_note = ("" if not p_names else "; parameters kept as they are: the problem's PARAMETER_TRANSFORMS "
+                      "leaves it out" if name not in p_wanted else "")
+        for params_too in tries:
+            if not params_too and tries[0]:
+                inputs = fresh(name)  # the first forward may have changed them in place
+            _shifted_state(model, snapshot, name, set_seed, params_too)
+            _seed_everything(set_seed)
+            outputs, why = _shifted_forward(problem, model, inputs, sig_outputs, base_nonfinite)
+            if why is None:
+                break
+            if params_too:
+                param_note = "; parameters kept as they are: with them transformed too, %s" % why
+                del outputs
         if why is not None:
             note = "dropped: %s" % why
             info.append({"name": name, "set": None, "note": note})
@@ -1723,15 +1754,27 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
                 import shutil
                 shutil.rmtree(set_dir, ignore_errors=True)
             del outputs
+            _restore_state(model, snapshot)
             continue
+        t_params = {}
+        if params_too:
+            # The set's own parameters, as forward saw them.
+            for pname, v in model.state_dict().items():
+                if pname not in p_names:
+                    continue
+                if resident is not None:
+                    t_params[pname] = v.detach().clone()
+                elif set_dir:
+                    store_tensor(v, os.path.join(set_dir, pname + ".bin"))
+                    files[pname] = "set%d/%s.bin" % (index, pname)
         rounding = {}
         if fp64_left > 0:
             t0 = time.monotonic()
-            _restore_state(model, snapshot)
+            _shifted_state(model, snapshot, name, set_seed, params_too)
             rounding, _ = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
                                            make_inputs=lambda: fresh(name), max_s=fp64_left)
-            _restore_state(model, snapshot)
             fp64_left -= time.monotonic() - t0
+        _restore_state(model, snapshot)
         t_outputs = {}
         for oname, t in outputs:
             if resident is not None:
@@ -1745,9 +1788,16 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
             if [_fingerprint(t) for t in t_inputs.values()] != prints:
                 again = [v for v in fresh(name) if isinstance(v, torch.Tensor)]
                 t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
+            t_inputs.update(t_params)  # exported with the inputs, in place of the shared parameters
             kept.append((t_inputs, t_outputs))
-        manifest_sets.append({"seed": set_seed, "files": files, "transform": name})
-        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name], "reference_error": rounding})
+        entry = {"seed": set_seed, "files": files, "transform": name}
+        note = transforms.DESCRIPTIONS[name]
+        if params_too:
+            entry["parameters"] = list(p_names)
+            note += "; the model's float32 parameters likewise (%s)" % ", ".join(p_names)
+        manifest_sets.append(entry)
+        info.append({"name": name, "set": index, "note": note + param_note, "reference_error": rounding,
+                     "parameters": list(p_names) if params_too else []})
     return info, kept
 
 
@@ -1789,7 +1839,7 @@ def _human(n):
         n /= 1024.0
 
 
-def fit_resident(sig, asked, budget):
+def fit_resident(sig, asked, budget, shifted=0):
     """How many input sets a resident reference may have on `budget` bytes of
     GPU memory (0 = no limit): the bridge keeps each set's inputs and outputs
     and the parameters twice (the model's and the pre-forward copy); the
@@ -1797,10 +1847,15 @@ def fit_resident(sig, asked, budget):
     arena one output; one more output is margin for what forward allocates.
     Returns (sets, why) with why naming the limit when sets < asked."""
     inp, out, par = _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"]), _spec_bytes(sig["parameters"])
+    # A distribution-shifted set (the last `shifted` of `asked`) may have its
+    # own float32 parameters (transforms.py): kept here, in the arena and its pristine copy.
+    own = _spec_bytes([p for p in sig["parameters"] if p.get("dtype") in ("float32", "float64")])
     per_set = 3 * inp + out
+    judging = asked - shifted
 
     def need(k):
-        return 4 * par + 2 * out + k * per_set
+        shifted_in = max(0, min(shifted, k - max(min(judging, 2), k - shifted)))
+        return 4 * par + 2 * out + k * per_set + 3 * own * shifted_in
 
     sets = 0
     for k in range(asked, 0, -1):
@@ -1997,7 +2052,8 @@ def cmd_reference(problem, args):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
             # The distribution-shifted sets share the room: where it is short,
             # judging sets beyond two make way for them (PrepareReference's rule).
-            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget)
+            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget,
+                                          args.transform_sets)
             sets = min(args.sets, max(min(args.sets, 2), total - args.transform_sets))
             room = max(0, min(args.transform_sets, total - sets))
             if sets < args.sets:
