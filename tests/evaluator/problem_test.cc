@@ -556,7 +556,9 @@ TEST(ShiftedSetsTest, AShiftedSetCarriesItsOwnTransformedWeights) {
   for (size_t i = 0; i < w0->size() / 4; i += 97) EXPECT_FLOAT_EQ(b[i], a[i] * 1e5f) << i;
 
   // PARAMETER_TRANSFORMS = []: the weights are every set's one copy.
-  auto kept = PrepareReference(Fixture("linear_weights_inputs_only.py"), CpuOptions(cache.path()));
+  const std::string inputs_only = cache.path() + "/linear_weights_inputs_only.py";
+  ASSERT_TRUE(WriteFile(inputs_only, *ReadFile(Fixture("linear_weights.py")) + "\nPARAMETER_TRANSFORMS = []\n").ok());
+  auto kept = PrepareReference(inputs_only, CpuOptions(cache.path()));
   ASSERT_TRUE(kept.ok()) << kept.status().message();
   for (const auto& set : kept->sets) EXPECT_TRUE(set.own_parameters.empty());
   for (const auto& t : kept->transforms) EXPECT_THAT(t.note, HasSubstr("PARAMETER_TRANSFORMS"));

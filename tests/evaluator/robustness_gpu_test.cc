@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "common/files.h"
 #include "tests/evaluator/gpu_test_util.h"
 
 namespace ks {
@@ -167,7 +168,9 @@ TEST(RobustnessGpuTest, TheShiftedSetsTransformTheWeightsTooInBuffersOfTheirOwn)
     EXPECT_EQ(Find(*honest.robustness, t)->outcome, "held") << t << ": " << Find(*honest.robustness, t)->detail;
   // With the weights left as they are (PARAMETER_TRANSFORMS = []), the split kernel holds:
   // it was the weights' transform that broke it.
-  GpuEvaluator* inputs_only = EvaluatorFor(CpuFixture("linear_weights_inputs_only.py"));
+  const std::string kept_file = ::testing::TempDir() + "linear_weights_inputs_only.py";
+  ASSERT_TRUE(WriteFile(kept_file, *ReadFile(CpuFixture("linear_weights.py")) + "\nPARAMETER_TRANSFORMS = []\n").ok());
+  GpuEvaluator* inputs_only = EvaluatorFor(kept_file);
   ASSERT_NE(inputs_only, nullptr);
   Evaluation kept = EvalOne(inputs_only, kSplitWeightLinear, LinearPlan("linear_split"));
   ASSERT_EQ(kept.status, EvalStatus::kCorrect) << kept.message;

@@ -144,7 +144,10 @@ def test_parameters_kept_where_transforming_them_leaves_the_range_or_the_problem
     assert "parameters kept as they are" in up["note"] and "NaN/Inf" in up["note"]
     assert "parameters" not in m["sets"][up["set"]]
     assert by_name["sign_flip"]["parameters"] == ["w"]
-    m2 = _reference(tmp_path / "b", FIXTURES / "conv_params_inputs_only.py")
+    # conv_params.py with PARAMETER_TRANSFORMS = []: its parameters stay as they are.
+    inputs_only = tmp_path / "conv_params_inputs_only.py"
+    inputs_only.write_text((FIXTURES / "conv_params.py").read_text() + "\nPARAMETER_TRANSFORMS = []\n")
+    m2 = _reference(tmp_path / "b", inputs_only)
     for t in m2["transforms"]:
         assert t["set"] is not None and t["parameters"] == []
         assert "PARAMETER_TRANSFORMS" in t["note"]
