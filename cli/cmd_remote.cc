@@ -122,6 +122,7 @@ struct SubmitFlags {
   int rounds = 0, ideas = 0, branches = 0, beam = 0, repairs = -1;
   double budget_usd = 0, budget_minutes = 0, target = 0;
   int64_t budget_calls = 0, budget_tokens = 0;
+  std::string require, precision;
   bool watch = false;
   bool no_start = false;
 };
@@ -157,6 +158,8 @@ int RunSubmit(const SubmitFlags& f) {
   c->set_budget_tokens(f.budget_tokens);
   c->set_budget_minutes(f.budget_minutes);
   c->set_target_speedup(f.target);
+  c->set_require_robust(f.require == "robust");
+  c->set_precision(f.precision);
   auto started = (*client)->StartSearch(req);
   if (!started.ok()) return ReportError(started.status());
   std::printf("%s\n", started->search_id().c_str());
@@ -203,6 +206,12 @@ void RegisterRemoteCommands(CLI::App& app) {
     sub->add_option("--budget-tokens", f->budget_tokens, "Token limit");
     sub->add_option("--budget-minutes", f->budget_minutes, "Wall-clock limit");
     sub->add_option("--target-speedup", f->target, "Stop at this speedup over eager");
+    sub->add_option("--require", f->require,
+                    "robust: kernels that a distribution-shifted input set breaks (specialised) count as incorrect")
+        ->check(CLI::IsMember({"robust"}));
+    sub->add_option("--precision", f->precision,
+                    "The accuracy contract: fp32 (default) or tf32 (the tolerance PyTorch's TF32 defaults give)")
+        ->check(CLI::IsMember({"fp32", "tf32"}));
     sub->add_flag("--watch", f->watch, "Follow the search until it ends");
     sub->add_flag("--no-start", f->no_start, "Only submit the problem; print its id");
     SetAction(sub, [f] { return RunSubmit(*f); });

@@ -349,7 +349,7 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
   int64_t done = 0;
   for (const auto& hash : order) {
     const auto& group = groups[hash];
-    KS_ASSIGN_OR_RETURN(auto earlier, store_->FindEvaluatedByHash(search_.problem_id, hash));
+    KS_ASSIGN_OR_RETURN(auto earlier, store_->FindEvaluatedByHash(search_.problem_id, hash, config_.precision));
     if (earlier) {
       KS_ASSIGN_OR_RETURN(Evaluation e, StoredEvaluation(*earlier));
       ApplyRobustPolicy(e, config_.require_robust);

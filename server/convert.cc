@@ -70,6 +70,8 @@ SearchConfig ToSearchConfig(const pb::SearchConfig& c, const SearchConfig& serve
   out.budget_tokens = c.budget_tokens();
   out.budget_minutes = c.budget_minutes();
   out.target_speedup = c.target_speedup();
+  out.require_robust = c.require_robust();
+  out.precision = c.precision();
   return out;
 }
 
@@ -85,6 +87,8 @@ pb::SearchConfig FromSearchConfig(const SearchConfig& c) {
   out.set_budget_tokens(c.budget_tokens);
   out.set_budget_minutes(c.budget_minutes);
   out.set_target_speedup(c.target_speedup);
+  out.set_require_robust(c.require_robust);
+  out.set_precision(c.precision);
   return out;
 }
 

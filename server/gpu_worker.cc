@@ -132,6 +132,7 @@ void GpuWorker::RenewLoop() {
 void GpuWorker::ServeDevice(int device) {
   // One problem's evaluator at a time per GPU: its reference holds GPU memory.
   std::string loaded_sha;
+  std::string loaded_precision;  // the contract it judges under (each candidate's search's)
   std::string loaded_problem;  // its id, for lease affinity
   std::unique_ptr<CandidateEvaluator> evaluator;
   std::string facts_json;  // what this GPU measured, sent with the next report
@@ -180,9 +181,12 @@ void GpuWorker::ServeDevice(int device) {
       release(ids);
       return;
     }
-    std::map<std::string, std::vector<const pb::LeasedCandidate*>> by_problem;
-    for (const auto& c : resp->candidates()) by_problem[c.problem_id()].push_back(&c);
-    for (const auto& [problem_id, cands] : by_problem) {
+    // One evaluator per problem and precision contract (a search's --precision).
+    std::map<std::pair<std::string, std::string>, std::vector<const pb::LeasedCandidate*>> by_problem;
+    for (const auto& c : resp->candidates())
+      by_problem[{c.problem_id(), c.precision().empty() ? "fp32" : c.precision()}].push_back(&c);
+    for (const auto& [key, cands] : by_problem) {
+      const auto& [problem_id, precision] = key;
       std::vector<std::string> ids;
       std::vector<Candidate> batch;
       for (const auto* c : cands) {
@@ -195,7 +199,7 @@ void GpuWorker::ServeDevice(int device) {
         release(ids);
         continue;
       }
-      if (!evaluator || loaded_sha != p->second.sha256()) {
+      if (!evaluator || loaded_sha != p->second.sha256() || loaded_precision != precision) {
         evaluator.reset();
         store::ProblemRow row;
         row.name = p->second.name();
@@ -203,6 +207,7 @@ void GpuWorker::ServeDevice(int device) {
         EvaluatorOptions eo = options_.evaluator;
         eo.device = device;
         eo.gpus.clear();
+        eo.precision = precision;
         std::optional<GpuFacts> facts;
         std::unique_lock<std::shared_mutex> preparing(prepare_mu_);
         auto made = MakeStoredProblemEvaluator(row, eo, &facts);
@@ -216,6 +221,7 @@ void GpuWorker::ServeDevice(int device) {
         }
         evaluator = std::move(*made);
         loaded_sha = p->second.sha256();
+        loaded_precision = precision;
         loaded_problem = problem_id;
         if (facts) facts_json = GpuFactsToJson(*facts).dump();
       }

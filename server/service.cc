@@ -421,6 +421,7 @@ grpc::Status KernelSearchService::LeaseCandidates(grpc::ServerContext* ctx, cons
       out->set_source(l.candidate.source);
       out->set_plan_json(l.candidate.plan_json);
       out->set_attempts(l.attempts);
+      out->set_precision(l.precision);
       if (resp->problems().count(out->problem_id())) continue;
       KS_ASSIGN_OR_RETURN(store::ProblemRow p, deps_.store->GetProblem(l.problem_id));
       pb::LeasedProblem& lp = (*resp->mutable_problems())[out->problem_id()];

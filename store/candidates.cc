@@ -175,13 +175,15 @@ Status LineageStore::PutEvaluationLocked(int64_t candidate_id, const Evaluation&
 }
 
 StatusOr<std::optional<CandidateRow>> LineageStore::FindEvaluatedByHash(int64_t problem_id,
-                                                                        const std::string& content_hash) {
+                                                                        const std::string& content_hash,
+                                                                        const std::string& precision) {
   std::lock_guard<std::mutex> lock(mu_);
   KS_STMT(q, std::string("SELECT ") + kCandidateColumns +
                  " FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
                  "JOIN searches s ON s.id = c.search_id "
-                 "WHERE c.content_hash = ? AND s.problem_id = ? AND e.reused_from IS NULL ORDER BY c.id LIMIT 1");
-  q.Bind(1, content_hash).Bind(2, problem_id);
+                 "WHERE c.content_hash = ? AND s.problem_id = ? AND e.reused_from IS NULL AND " +
+                 SearchPrecision("s") + " = ? ORDER BY c.id LIMIT 1");
+  q.Bind(1, content_hash).Bind(2, problem_id).Bind(3, precision);
   KS_ASSIGN_OR_RETURN(bool row, q.Step());
   if (!row) return std::optional<CandidateRow>();
   KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(q));

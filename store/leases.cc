@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,40 +64,44 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
   KS_RETURN_IF_ERROR(txn.Begin());
   // Pending, not under a live lease, and no identical candidate of the same
   // problem under a live lease (it waits for that result instead).
-  KS_STMT(q, std::string("SELECT ") + kCandidateColumns + ", s.problem_id, l.attempts"
+  // (Identical: the same text of the same problem under the same precision contract.)
+  KS_STMT(q, std::string("SELECT ") + kCandidateColumns + ", s.problem_id, l.attempts, " + SearchPrecision("s") +
                  " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id"
                  " JOIN searches s ON s.id = c.search_id LEFT JOIN leases l ON l.candidate_id = c.id"
                  " WHERE c.state = 'pending' AND (l.candidate_id IS NULL OR l.expires_at <= ?1)"
                  " AND s.status NOT IN ('cancelled', 'failed')"
                  " AND NOT EXISTS (SELECT 1 FROM candidates c2 JOIN leases l2 ON l2.candidate_id = c2.id"
                  "   JOIN searches s2 ON s2.id = c2.search_id WHERE c2.content_hash = c.content_hash"
-                 "   AND s2.problem_id = s.problem_id AND c2.id != c.id AND l2.expires_at > ?1)"
+                 "   AND s2.problem_id = s.problem_id AND c2.id != c.id AND l2.expires_at > ?1 AND " +
+                 SearchPrecision("s2") + " = " + SearchPrecision("s") + ")" +
                  " ORDER BY s.problem_id = ?2 DESC, c.id LIMIT 512");
   q.Bind(1, now).Bind(2, prefer_problem);
   struct Found {
     CandidateRow c;
     int64_t problem_id;
     int attempts;
+    std::string precision;
   };
   std::vector<Found> found;
   for (;;) {
     KS_ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) break;
     KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(q));
-    found.push_back({std::move(c), q.Int(24), static_cast<int>(q.IsNull(25) ? 0 : q.Int(25))});
+    found.push_back({std::move(c), q.Int(24), static_cast<int>(q.IsNull(25) ? 0 : q.Int(25)), q.Text(26)});
   }
   std::vector<LeasedCandidateRow> out;
-  std::vector<std::pair<int64_t, std::string>> taken;  // (problem, hash) leased by this call
+  std::vector<std::tuple<int64_t, std::string, std::string>> taken;  // (problem, hash, precision) leased here
   for (auto& f : found) {
     if (static_cast<int>(out.size()) >= max) break;
-    std::pair<int64_t, std::string> key{f.problem_id, f.c.content_hash};
+    std::tuple<int64_t, std::string, std::string> key{f.problem_id, f.c.content_hash, f.precision};
     if (std::find(taken.begin(), taken.end(), key) != taken.end()) continue;
     {
       // Evaluated before (this search or another of the problem): copy, do not lease.
-      KS_STMT(e, "SELECT c.id FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
-                 "JOIN searches s ON s.id = c.search_id WHERE c.content_hash = ? AND s.problem_id = ? "
-                 "AND e.reused_from IS NULL ORDER BY c.id LIMIT 1");
-      e.Bind(1, f.c.content_hash).Bind(2, f.problem_id);
+      KS_STMT(e, std::string("SELECT c.id FROM candidates c JOIN evaluations e ON e.candidate_id = c.id "
+                             "JOIN searches s ON s.id = c.search_id WHERE c.content_hash = ? AND s.problem_id = ? "
+                             "AND e.reused_from IS NULL AND ") +
+                     SearchPrecision("s") + " = ? ORDER BY c.id LIMIT 1");
+      e.Bind(1, f.c.content_hash).Bind(2, f.problem_id).Bind(3, f.precision);
       KS_ASSIGN_OR_RETURN(bool row, e.Step());
       if (row) {
         KS_RETURN_IF_ERROR(CopyEvaluationLocked(f.c.id, e.Int(0)));
@@ -116,6 +121,7 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
     KS_RETURN_IF_ERROR(up.Run());
     l.candidate = std::move(f.c);
     l.problem_id = f.problem_id;
+    l.precision = f.precision;
     l.expires_at = now + lease_s;
     taken.push_back(key);
     out.push_back(std::move(l));
@@ -147,11 +153,11 @@ StatusOr<LineageStore::LeaseCompletion> LineageStore::CompleteLease(int64_t cand
   KS_RETURN_IF_ERROR(txn.Begin());
   int64_t problem_id = 0;
   int64_t search_id = 0;
-  std::string hash;
+  std::string hash, precision;
   {
-    KS_STMT(q, "SELECT s.problem_id, c.search_id, c.content_hash FROM leases l JOIN candidates c ON c.id = "
-               "l.candidate_id JOIN searches s ON s.id = c.search_id WHERE l.candidate_id = ? AND l.lease_id = ? "
-               "AND l.expires_at > ? AND c.state = 'pending'");
+    KS_STMT(q, "SELECT s.problem_id, c.search_id, c.content_hash, " + SearchPrecision("s") +
+                   " FROM leases l JOIN candidates c ON c.id = l.candidate_id JOIN searches s ON s.id = c.search_id"
+                   " WHERE l.candidate_id = ? AND l.lease_id = ? AND l.expires_at > ? AND c.state = 'pending'");
     q.Bind(1, candidate_id).Bind(2, lease_id).Bind(3, now);
     KS_ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row)
@@ -160,6 +166,7 @@ StatusOr<LineageStore::LeaseCompletion> LineageStore::CompleteLease(int64_t cand
     problem_id = q.Int(0);
     search_id = q.Int(1);
     hash = q.Text(2);
+    precision = q.Text(3);
   }
   KS_ASSIGN_OR_RETURN(Evaluation e, WithPolicyLocked(candidate_id, evaluation));
   KS_RETURN_IF_ERROR(PutEvaluationLocked(candidate_id, e, std::nullopt));  // ends the lease
@@ -168,8 +175,9 @@ StatusOr<LineageStore::LeaseCompletion> LineageStore::CompleteLease(int64_t cand
   {
     KS_STMT(q, "SELECT c.id, c.search_id FROM candidates c JOIN searches s ON s.id = c.search_id "
                "LEFT JOIN leases l ON l.candidate_id = c.id WHERE c.state = 'pending' AND c.content_hash = ? "
-               "AND s.problem_id = ? AND (l.candidate_id IS NULL OR l.expires_at <= ?) ORDER BY c.id");
-    q.Bind(1, hash).Bind(2, problem_id).Bind(3, now);
+               "AND s.problem_id = ? AND (l.candidate_id IS NULL OR l.expires_at <= ?) AND " +
+                   SearchPrecision("s") + " = ? ORDER BY c.id");
+    q.Bind(1, hash).Bind(2, problem_id).Bind(3, now).Bind(4, precision);
     for (;;) {
       KS_ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) break;

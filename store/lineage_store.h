@@ -187,6 +187,7 @@ struct LeasedCandidateRow {
   std::string lease_id;
   double expires_at = 0;
   int attempts = 0;        // leases this candidate has had, this one included
+  std::string precision = "fp32";  // its search's precision contract: the worker judges under it
 };
 
 // SHA-256 of what a model was asked (role, system prompt and prompt), for
@@ -279,7 +280,9 @@ class LineageStore {
   Status SetEvaluationCounters(int64_t candidate_id, const nlohmann::json& counters);
   // An evaluated candidate of the same problem with this content hash (the
   // earliest one that was evaluated itself, not copied), for reuse.
-  StatusOr<std::optional<CandidateRow>> FindEvaluatedByHash(int64_t problem_id, const std::string& content_hash);
+  // Under the precision contract `precision` ("fp32", "tf32": the searches' own).
+  StatusOr<std::optional<CandidateRow>> FindEvaluatedByHash(int64_t problem_id, const std::string& content_hash,
+                                                            const std::string& precision);
   // Correct candidates, fastest first (median_ms, then id).
   StatusOr<std::vector<CandidateRow>> CorrectCandidates(int64_t search_id);
   StatusOr<std::optional<CandidateRow>> BestCorrect(int64_t search_id);

@@ -119,6 +119,14 @@ class Transaction {
   KS_ASSIGN_OR_RETURN(auto var##_ptr, Prepare(sql)); \
   ::ks::store::internal::Stmt var(db_.get(), std::move(var##_ptr))
 
+// The precision contract of the search under alias `s` (search/search_config.h
+// `precision`; "fp32" where its config predates it). Identical candidates of a
+// problem share one evaluation only under one contract: a kernel correct
+// under tf32's wider tolerance is not thereby correct under fp32.
+inline std::string SearchPrecision(const char* s) {
+  return std::string("COALESCE(json_extract(") + s + ".config_json, '$.precision'), 'fp32')";
+}
+
 // Row readers: each reads the columns its k...Columns list selects, in order.
 inline constexpr const char* kCandidateColumns =
     "c.id, c.search_id, c.round, c.idea_id, c.parent_candidate, c.source, c.plan_json, c.content_hash, "

@@ -141,8 +141,15 @@ TEST_F(FirstHourTest, EveryCallFailedIsAFailedSearchThatResumesWithAnotherModel)
 
   // Another model: the search goes on from a new round; the failed round does
   // not count toward --rounds (1 improvement round after the first kernel).
-  SubprocessResult resumed = Run({kBinary, "search", "--resume", "1", "--db", db, "--model", kModel, "--evaluator",
-                                  FakeEvaluator(), "--quiet"});
+  // (The stand-in model with its scripted-incorrect kernels made correct: which
+  // of its kernels fail follows a hash of the prompt's text, and the search
+  // keeps --repair 0.)
+  const std::string always_correct =
+      "command:/bin/sh " + Write("correct_model.sh", "/bin/sh " + std::string(KS_SOURCE_DIR) +
+                                                         "/tests/search/fixtures/fake_model.sh | "
+                                                         "sed 's/ FAKE_STATUS(incorrect)//'\n");
+  SubprocessResult resumed = Run({kBinary, "search", "--resume", "1", "--db", db, "--model", always_correct,
+                                  "--evaluator", FakeEvaluator(), "--quiet"});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.Describe() << "\nstderr: " << resumed.err;
   EXPECT_NE(resumed.out.find("search 1: finished (rounds)"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("best: candidate"), std::string::npos) << resumed.out;

@@ -139,5 +139,21 @@ TEST(Convert, ConfigRoundTripsThroughTheOrchestratorsConfig) {
   EXPECT_EQ(again.SerializeAsString(), c->SerializeAsString());
 }
 
+TEST(Convert, TheRobustnessAndPrecisionContractsTravelFromSubmit) {
+  pb::SearchConfig in;
+  in.set_require_robust(true);
+  in.set_precision("tf32");
+  auto c = ValidateSearchConfig(in, ConfigBounds());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  SearchConfig full = ToSearchConfig(*c, SearchConfig{});
+  EXPECT_TRUE(full.require_robust);
+  EXPECT_EQ(full.precision, "tf32");
+  EXPECT_EQ(ValidateSearchConfig(pb::SearchConfig(), ConfigBounds())->precision(), "fp32");  // the default
+  in.set_precision("fp16");
+  auto bad = ValidateSearchConfig(in, ConfigBounds());
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("fp32 or tf32"), std::string::npos) << bad.status().message();
+}
+
 }  // namespace
 }  // namespace ks::server

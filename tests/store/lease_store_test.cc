@@ -186,6 +186,35 @@ TEST_F(LeaseStoreTest, EachSearchStoresAWorkersReportUnderItsOwnRobustPolicy) {
   EXPECT_FALSE(best->has_value()) << "the strict search has no correct kernel";
 }
 
+TEST_F(LeaseStoreTest, AnEvaluationIsSharedOnlyUnderOnePrecisionContract) {
+  SearchConfig tf32_config;
+  tf32_config.precision = "tf32";
+  int64_t tf32 = *store_->CreateSearch(problem_, SearchConfigToJson(tf32_config).dump());
+  int64_t a = AddCandidate("same"), b = AddCandidate("same", tf32);
+  // Not twins: both leased at once, each with its search's contract for the worker.
+  auto l = store_->LeaseCandidates("w1", 5, 10, 1000);
+  ASSERT_EQ(l->size(), 2u);
+  EXPECT_EQ((*l)[0].candidate.id, a);
+  EXPECT_EQ((*l)[0].precision, "fp32");
+  EXPECT_EQ((*l)[1].candidate.id, b);
+  EXPECT_EQ((*l)[1].precision, "tf32");
+  auto done = store_->CompleteLease(b, (*l)[1].lease_id, Correct(0.5), 1001);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ(done->stored, 1) << "a tf32 result is not copied to the fp32 search's candidate";
+  EXPECT_FALSE(store_->GetCandidate(a)->evaluation.has_value());
+  // A later tf32 twin is copied at lease time; a later fp32 one waits for a's own result.
+  int64_t c = AddCandidate("same", tf32), d = AddCandidate("same");
+  auto again = store_->LeaseCandidates("w1", 5, 10, 1002);
+  EXPECT_TRUE(again->empty()) << "c is copied, d waits for a (leased)";
+  EXPECT_EQ(store_->GetCandidate(c)->evaluation->reused_from, b);
+  EXPECT_FALSE(store_->GetCandidate(d)->evaluation.has_value());
+  ASSERT_TRUE(store_->CompleteLease(a, (*l)[0].lease_id, Correct(0.6), 1003).ok());
+  EXPECT_EQ(store_->GetCandidate(d)->evaluation->reused_from, a);
+  // The orchestrator's reuse (local searches) looks under the same contract.
+  EXPECT_EQ((*store_->FindEvaluatedByHash(problem_, store_->GetCandidate(a)->content_hash, "tf32"))->id, b);
+  EXPECT_EQ((*store_->FindEvaluatedByHash(problem_, store_->GetCandidate(a)->content_hash, "fp32"))->id, a);
+}
+
 TEST_F(LeaseStoreTest, EvaluatedElsewhereWhileLeasedRefusesTheLateReport) {
   int64_t a = AddCandidate("a");
   auto l = store_->LeaseCandidates("w1", 1, 60, 1000);

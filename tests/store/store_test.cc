@@ -280,13 +280,13 @@ TEST_F(StoreTest, IdenticalCandidateFoundByNormalizedHash) {
   std::string same_src = "// a comment\nextern  \"C\"  __global__ void k(float* x)\n{ /* c */ x[0] = 1; }\n";
   std::string same_plan = R"({"launches":[{"args":["x"],"block":[1],"grid":[1],"kernel":"k"}]})";
   EXPECT_EQ(CandidateContentHash(src, plan), CandidateContentHash(same_src, same_plan));
-  auto hit = store->FindEvaluatedByHash(p, CandidateContentHash(same_src, same_plan));
+  auto hit = store->FindEvaluatedByHash(p, CandidateContentHash(same_src, same_plan), "fp32");
   ASSERT_TRUE(hit.ok() && hit->has_value());
   EXPECT_EQ((*hit)->id, a);
   // A string literal's "//" is not a comment; a real change in code is a new candidate.
   EXPECT_NE(NormalizeSource("f(\"//x\");"), NormalizeSource("f(\"\");"));
   EXPECT_NE(CandidateContentHash(src, plan), CandidateContentHash(src + "int y;", plan));
-  EXPECT_FALSE(store->FindEvaluatedByHash(p + 1, CandidateContentHash(src, plan))->has_value());
+  EXPECT_FALSE(store->FindEvaluatedByHash(p + 1, CandidateContentHash(src, plan), "fp32")->has_value());
 }
 
 TEST_F(StoreTest, LlmCallsFoundForResumeAndSpendTotals) {
