@@ -11,6 +11,7 @@
 
 #include "evaluator/evaluation.h"
 #include "search/search_config.h"
+#include "search/search_setup.h"
 #include "server/orchestrator_runner.h"
 
 namespace ks::server {
@@ -133,6 +134,7 @@ void GpuWorker::ServeDevice(int device) {
   // One problem's evaluator at a time per GPU: its reference holds GPU memory.
   std::string loaded_sha;
   std::string loaded_precision;  // the contract it judges under (each candidate's search's)
+  std::string refusal;  // why the loaded reference cannot judge kernels ("" = it can)
   std::string loaded_problem;  // its id, for lease affinity
   std::unique_ptr<CandidateEvaluator> evaluator;
   std::string facts_json;  // what this GPU measured, sent with the next report
@@ -209,8 +211,9 @@ void GpuWorker::ServeDevice(int device) {
         eo.gpus.clear();
         eo.precision = precision;
         std::optional<GpuFacts> facts;
+        std::vector<std::string> degenerate;
         std::unique_lock<std::shared_mutex> preparing(prepare_mu_);
-        auto made = MakeStoredProblemEvaluator(row, eo, &facts);
+        auto made = MakeStoredProblemEvaluator(row, eo, &facts, &degenerate);
         preparing.unlock();
         if (!made.ok()) {
           Log("preparing problem " + problem_id + " (" + row.name + "): " + made.status().ToString() +
@@ -221,10 +224,32 @@ void GpuWorker::ServeDevice(int device) {
         }
         evaluator = std::move(*made);
         loaded_sha = p->second.sha256();
+        SearchConfig strict;  // the refusal as the CLI words it, for searches that do not allow it
+        Status judge = CheckReferenceCanJudge(row.name, degenerate, strict);
+        refusal = judge.ok() ? "" : std::string(kReferenceRefusal) + judge.message();
         loaded_precision = precision;
         loaded_problem = problem_id;
         if (facts) facts_json = GpuFactsToJson(*facts).dump();
       }
+      // Candidates whose search does not allow a degenerate reference are
+      // refused (the server fails their search); the others are judged.
+      std::vector<const pb::LeasedCandidate*> judged, refused;
+      batch.clear();
+      for (const auto* c : cands) {
+        if (!refusal.empty() && !c->allow_degenerate()) {
+          refused.push_back(c);
+        } else {
+          judged.push_back(c);
+          batch.push_back(Candidate{c->source(), c->plan_json()});
+        }
+      }
+      for (const auto* c : refused) {
+        if (stop_) return;
+        pb::ReportEvaluationRequest rep;
+        rep.set_reference_refusal(refusal);
+        Report(who, c, rep);
+      }
+      if (batch.empty()) continue;
       std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
       if (device == 0) timing.lock();
       auto results = evaluator->EvaluateBatch(batch);
@@ -234,44 +259,49 @@ void GpuWorker::ServeDevice(int device) {
             (results.ok() ? std::string("wrong result count") : results.status().ToString()) +
             "; giving the leases back");
         evaluator.reset();  // made again for the next candidates (a worker that broke)
-        release(ids);
+        std::vector<std::string> judged_ids;
+        for (const auto* c : judged) judged_ids.push_back(c->lease_id());
+        release(judged_ids);
         continue;
       }
-      for (size_t i = 0; i < cands.size(); ++i) {
+      for (size_t i = 0; i < judged.size(); ++i) {
         if (stop_) return;  // Stop() gave the rest back
-        const auto* c = cands[i];
-        if (!Held(c->lease_id())) {
-          std::lock_guard<std::mutex> lock(mu_);
-          ++stats_.lost;
-          continue;
-        }
         pb::ReportEvaluationRequest rep;
-        rep.set_candidate_id(c->candidate_id());
-        rep.set_lease_id(c->lease_id());
         rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
         rep.set_gpu_facts_json(facts_json);
-        // A server that is briefly away gets the result a little later; the
-        // renewer keeps the lease meanwhile.
-        auto r = client_->ReportEvaluation(rep);
-        for (double wait = 0.5; !r.ok() && Transient(r.status()) && wait <= 8 && !stop_; wait *= 2) {
-          SleepUnlessStopped(wait);
-          r = client_->ReportEvaluation(rep);
-        }
-        if (r.ok()) facts_json.clear();
-        Drop({c->lease_id()});
-        std::lock_guard<std::mutex> lock(mu_);
-        if (r.ok()) {
-          ++stats_.reported;
-        } else {
-          ++stats_.lost;
-          if (!options_.quiet)
-            std::fprintf(stderr, "gpu-worker %s: candidate %s not stored: %s\n", who.c_str(),
-                         c->candidate_id().c_str(), r.status().ToString().c_str());
-        }
+        if (Report(who, judged[i], rep)) facts_json.clear();
       }
     }
     idle_since = Clock::now();
   }
+}
+
+bool GpuWorker::Report(const std::string& who, const pb::LeasedCandidate* c, pb::ReportEvaluationRequest& rep) {
+  if (!Held(c->lease_id())) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.lost;
+    return false;
+  }
+  rep.set_candidate_id(c->candidate_id());
+  rep.set_lease_id(c->lease_id());
+  // A server that is briefly away gets the result a little later; the
+  // renewer keeps the lease meanwhile.
+  auto r = client_->ReportEvaluation(rep);
+  for (double wait = 0.5; !r.ok() && Transient(r.status()) && wait <= 8 && !stop_; wait *= 2) {
+    SleepUnlessStopped(wait);
+    r = client_->ReportEvaluation(rep);
+  }
+  Drop({c->lease_id()});
+  std::lock_guard<std::mutex> lock(mu_);
+  if (r.ok()) {
+    ++stats_.reported;
+  } else {
+    ++stats_.lost;
+    if (!options_.quiet)
+      std::fprintf(stderr, "gpu-worker %s: candidate %s not stored: %s\n", who.c_str(), c->candidate_id().c_str(),
+                   r.status().ToString().c_str());
+  }
+  return r.ok();
 }
 
 Status GpuWorker::Run() {

@@ -74,6 +74,10 @@ class GpuWorker {
   void RenewLoop();
   bool Held(const std::string& lease_id);
   void Drop(const std::vector<std::string>& lease_ids);
+  // Sends one report (an evaluation or a refusal) for leased candidate c
+  // while its lease is held, retrying a briefly absent server; counts it.
+  bool Report(const std::string& who, const ::kernelsearch::v1::LeasedCandidate* c,
+              ::kernelsearch::v1::ReportEvaluationRequest& rep);
   void Log(const std::string& line) const;
   void Fail(const Status& st);
   bool SleepUnlessStopped(double seconds);

@@ -41,12 +41,14 @@ std::string SafeStem(const std::string& name) {
 
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const store::ProblemRow& problem,
                                                                          const EvaluatorOptions& options,
-                                                                         std::optional<GpuFacts>* gpu) {
+                                                                         std::optional<GpuFacts>* gpu,
+                                                                         std::vector<std::string>* degenerate) {
   KS_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make("ks-problem"));
   const std::string path = dir.path() + "/" + SafeStem(problem.name) + ".py";
   KS_RETURN_IF_ERROR(WriteFile(path, problem.source));
   KS_ASSIGN_OR_RETURN(SearchEvaluator made, MakeSearchEvaluator(path, options));
   if (gpu) *gpu = made.gpu;
+  if (degenerate) *degenerate = made.degenerate;
   return std::unique_ptr<CandidateEvaluator>(new StoredProblemEvaluator(std::move(dir), std::move(made.evaluator)));
 }
 
@@ -79,6 +81,9 @@ Status OrchestratorRunner::RunWithWorkers(int64_t search_id, Orchestrator* orche
       auto now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
       KS_ASSIGN_OR_RETURN(auto pending, store_->PendingAndLeased(search_id, now));
       if (pending.first == 0) break;
+      // A worker refused to judge (a degenerate reference): the search failed with its reason.
+      KS_ASSIGN_OR_RETURN(store::SearchRow row, store_->GetSearch(search_id));
+      if (row.status == store::SearchStatus::kFailed) return FailedPrecondition(row.stop_reason);
       if (pending.first != last) progress();
       last = pending.first;
       std::this_thread::sleep_for(200ms);

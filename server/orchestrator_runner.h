@@ -49,8 +49,11 @@ class OrchestratorRunner final : public SearchRunner {
 // lives as long as the evaluator. FailedPrecondition when the spec cannot run
 // here (no GPU). When `gpu` is given, it receives the device facts the
 // evaluator measured (search/evaluator_factory.h), if any.
+// When `degenerate` is given, it receives why the reference cannot judge
+// kernels (SearchEvaluator::degenerate; empty: it can).
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const store::ProblemRow& problem,
                                                                          const EvaluatorOptions& options,
-                                                                         std::optional<GpuFacts>* gpu = nullptr);
+                                                                         std::optional<GpuFacts>* gpu = nullptr,
+                                                                         std::vector<std::string>* degenerate = nullptr);
 
 }  // namespace ks::server

@@ -422,6 +422,7 @@ grpc::Status KernelSearchService::LeaseCandidates(grpc::ServerContext* ctx, cons
       out->set_plan_json(l.candidate.plan_json);
       out->set_attempts(l.attempts);
       out->set_precision(l.precision);
+      out->set_allow_degenerate(l.allow_degenerate);
       if (resp->problems().count(out->problem_id())) continue;
       KS_ASSIGN_OR_RETURN(store::ProblemRow p, deps_.store->GetProblem(l.problem_id));
       pb::LeasedProblem& lp = (*resp->mutable_problems())[out->problem_id()];
@@ -463,6 +464,17 @@ grpc::Status KernelSearchService::ReportEvaluation(grpc::ServerContext* ctx, con
   return Handle("ReportEvaluation", ctx->client_metadata(), [&]() -> Status {
     KS_ASSIGN_OR_RETURN(int64_t id, ParseId("candidate_id", req->candidate_id()));
     KS_RETURN_IF_ERROR(ValidateLeaseId(req->lease_id()));
+    if (!req->reference_refusal().empty()) {
+      // The worker's GPU found the reference degenerate: the search fails saying
+      // what to do (the same message as the CLI's); nothing is stored.
+      KS_RETURN_IF_ERROR(ValidateSource("reference_refusal", req->reference_refusal(), 64 << 10));
+      int64_t search_id = 0;
+      KS_RETURN_IF_ERROR(
+          deps_.store->RefuseLease(id, req->lease_id(), req->reference_refusal(), NowSeconds(), &search_id));
+      deps_.hub->Poke(search_id);
+      resp->set_stored(0);
+      return Status::Ok();
+    }
     KS_RETURN_IF_ERROR(
         ValidateSource("evaluation_json", req->evaluation_json(), deps_.limits.max_evaluation_bytes));
     nlohmann::json j = nlohmann::json::parse(req->evaluation_json(), nullptr, /*allow_exceptions=*/false);

@@ -66,6 +66,7 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
   // problem under a live lease (it waits for that result instead).
   // (Identical: the same text of the same problem under the same precision contract.)
   KS_STMT(q, std::string("SELECT ") + kCandidateColumns + ", s.problem_id, l.attempts, " + SearchPrecision("s") +
+                 ", COALESCE(json_extract(s.config_json, '$.allow_degenerate'), 0)" +
                  " FROM candidates c LEFT JOIN evaluations e ON e.candidate_id = c.id"
                  " JOIN searches s ON s.id = c.search_id LEFT JOIN leases l ON l.candidate_id = c.id"
                  " WHERE c.state = 'pending' AND (l.candidate_id IS NULL OR l.expires_at <= ?1)"
@@ -81,13 +82,14 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
     int64_t problem_id;
     int attempts;
     std::string precision;
+    bool allow_degenerate;
   };
   std::vector<Found> found;
   for (;;) {
     KS_ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) break;
     KS_ASSIGN_OR_RETURN(CandidateRow c, ReadCandidate(q));
-    found.push_back({std::move(c), q.Int(24), static_cast<int>(q.IsNull(25) ? 0 : q.Int(25)), q.Text(26)});
+    found.push_back({std::move(c), q.Int(24), static_cast<int>(q.IsNull(25) ? 0 : q.Int(25)), q.Text(26), q.Int(27) != 0});
   }
   std::vector<LeasedCandidateRow> out;
   std::vector<std::tuple<int64_t, std::string, std::string>> taken;  // (problem, hash, precision) leased here
@@ -122,6 +124,7 @@ StatusOr<std::vector<LeasedCandidateRow>> LineageStore::LeaseCandidates(const st
     l.candidate = std::move(f.c);
     l.problem_id = f.problem_id;
     l.precision = f.precision;
+    l.allow_degenerate = f.allow_degenerate;
     l.expires_at = now + lease_s;
     taken.push_back(key);
     out.push_back(std::move(l));
@@ -190,6 +193,31 @@ StatusOr<LineageStore::LeaseCompletion> LineageStore::CompleteLease(int64_t cand
   }
   KS_RETURN_IF_ERROR(txn.Commit());
   return LeaseCompletion{.stored = 1 + static_cast<int64_t>(twins.size()), .searches = std::move(searches)};
+}
+
+Status LineageStore::RefuseLease(int64_t candidate_id, const std::string& lease_id, const std::string& reason,
+                                 double now, int64_t* search_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Transaction txn(db_.get());
+  KS_RETURN_IF_ERROR(txn.Begin());
+  {
+    KS_STMT(q, "SELECT c.search_id FROM leases l JOIN candidates c ON c.id = l.candidate_id WHERE l.candidate_id = ? "
+               "AND l.lease_id = ? AND l.expires_at > ? AND c.state = 'pending'");
+    q.Bind(1, candidate_id).Bind(2, lease_id).Bind(3, now);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row)
+      return FailedPrecondition("the lease of candidate " + std::to_string(candidate_id) +
+                                " is not held (expired, released or already reported)");
+    *search_id = q.Int(0);
+  }
+  KS_STMT(u, std::string("UPDATE searches SET status = 'failed', stop_reason = ?, updated = ") + kNow +
+                 " WHERE id = ? AND status NOT IN ('finished', 'cancelled')");
+  u.Bind(1, reason).Bind(2, *search_id);
+  KS_RETURN_IF_ERROR(u.Run());
+  KS_STMT(d, "DELETE FROM leases WHERE candidate_id = ?");
+  d.Bind(1, candidate_id);
+  KS_RETURN_IF_ERROR(d.Run());
+  return txn.Commit();
 }
 
 StatusOr<std::pair<int64_t, int64_t>> LineageStore::PendingAndLeased(int64_t search_id, double now) {

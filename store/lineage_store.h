@@ -188,6 +188,7 @@ struct LeasedCandidateRow {
   double expires_at = 0;
   int attempts = 0;        // leases this candidate has had, this one included
   std::string precision = "fp32";  // its search's precision contract: the worker judges under it
+  bool allow_degenerate = false;   // its search's --allow-degenerate
 };
 
 // SHA-256 of what a model was asked (role, system prompt and prompt), for
@@ -342,6 +343,12 @@ class LineageStore {
   };
   StatusOr<LeaseCompletion> CompleteLease(int64_t candidate_id, const std::string& lease_id,
                                                const Evaluation& evaluation, double now);
+  // A worker refuses to judge a leased candidate (the reference is degenerate
+  // and its search does not allow that): the search fails with `reason`, the
+  // lease ends, the candidate stays pending (a resume with --allow-degenerate
+  // evaluates it). FailedPrecondition when the lease is not held.
+  Status RefuseLease(int64_t candidate_id, const std::string& lease_id, const std::string& reason, double now,
+                     int64_t* search_id);
   // Pending candidates, and how many of them a live lease holds.
   StatusOr<std::pair<int64_t, int64_t>> PendingAndLeased(int64_t search_id, double now);
 

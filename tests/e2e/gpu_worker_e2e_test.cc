@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "common/subprocess.h"
+#include "evaluator/problem.h"
 #include "store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/gpu_worker_checks.h"
@@ -146,6 +147,44 @@ TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {
   auto store = store::LineageStore::Open(h.db());
   ASSERT_TRUE(store.ok());
   ExpectEachEvaluatedOnce(store->get(), std::stoll(s.search_id), h.Evaluated(), {held});
+}
+
+TEST(GpuWorkerE2E, ADegenerateReferenceOnTheWorkersGpuFailsTheSearchWithTheCliMessage) {
+  if (!ResolvePython().ok()) GTEST_SKIP() << "no python3 with torch on this machine";
+  // The workers' scripted evaluator checks the reference with the real bridge,
+  // as the GPU evaluator does while preparing it.
+  ServerHarness h({.evaluator = "workers", .check_reference = true});
+  h.Start();
+  auto c = h.Connect();
+  pb::SubmitProblemRequest submit;
+  submit.set_name("zeros");
+  submit.set_source("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return torch.zeros_like(x)\n\ndef get_inputs():\n    return [torch.randn(256)]\n\n"
+                    "def get_init_inputs():\n    return []\n");
+  auto problem = c->SubmitProblem(submit);
+  ASSERT_TRUE(problem.ok()) << problem.status().ToString() << h.Log();
+  pb::StartSearchRequest req;
+  req.set_problem_id(problem->problem_id());
+  req.mutable_config()->set_rounds(1);
+  req.mutable_config()->set_branches(1);
+  auto started = c->StartSearch(req);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  ChildProcess worker = StartWorker(h, "w", 60);
+  pb::SearchInfo fin = WaitFinished(*c, started->search_id(), 120s);
+  EXPECT_EQ(fin.state(), pb::FAILED) << fin.DebugString() << h.Log();
+  const std::string why = fin.stop_reason() + " " + fin.error();
+  EXPECT_NE(why.find("the reference cannot judge kernels: "), std::string::npos) << fin.DebugString();
+  EXPECT_NE(why.find("has a degenerate reference"), std::string::npos) << fin.DebugString();
+  EXPECT_NE(why.find("--allow-degenerate"), std::string::npos) << fin.DebugString();
+  ::kill(worker.pid(), SIGTERM);
+  EXPECT_EQ(WaitExit(worker, 30s), "exit code 0");
+  // Nothing was judged against it: the candidates stay pending, for a resume that allows it.
+  EXPECT_EQ(h.Evaluated().size(), 0u);
+  auto store = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(store.ok());
+  auto pending = (*store)->PendingCandidates(std::stoll(started->search_id()));
+  ASSERT_TRUE(pending.ok());
+  EXPECT_FALSE(pending->empty());
 }
 
 TEST(GpuWorkerE2E, WrongTokenEndsTheWorker) {
