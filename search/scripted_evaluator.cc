@@ -94,6 +94,10 @@ StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::strin
     o.fail_after = j.value("fail_after", o.fail_after);
     o.device = j.value("device", o.device);
     o.check_reference = j.value("check_reference", o.check_reference);
+    if (j.contains("counters")) {
+      if (!j["counters"].is_object()) return InvalidArgument(path + ": \"counters\" must be an object");
+      o.counters = CounterReportFromJson(j["counters"]);
+    }
     if (j.contains("gpu")) {
       if (!j["gpu"].is_object()) return InvalidArgument(path + ": \"gpu\" must be an object");
       o.gpu = GpuFactsFromJson(j["gpu"]);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
 #include "search/search_config.h"
 #include "search/search_setup.h"
@@ -264,23 +265,49 @@ void GpuWorker::ServeDevice(int device) {
         release(judged_ids);
         continue;
       }
+      std::vector<const pb::LeasedCandidate*> profile;  // the server asked for their counters
+      std::vector<Candidate> profile_batch;
       for (size_t i = 0; i < judged.size(); ++i) {
         if (stop_) return;  // Stop() gave the rest back
         pb::ReportEvaluationRequest rep;
         rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
         rep.set_gpu_facts_json(facts_json);
-        if (Report(who, judged[i], rep)) facts_json.clear();
+        auto answer = Report(who, judged[i], rep);
+        if (answer) facts_json.clear();
+        if (answer && answer->read_counters()) {
+          profile.push_back(judged[i]);
+          profile_batch.push_back(batch[i]);
+        }
       }
+      if (!profile.empty()) SendCounters(device, evaluator.get(), profile, profile_batch);
     }
     idle_since = Clock::now();
   }
 }
 
-bool GpuWorker::Report(const std::string& who, const pb::LeasedCandidate* c, pb::ReportEvaluationRequest& rep) {
+void GpuWorker::SendCounters(int device, CandidateEvaluator* evaluator,
+                             const std::vector<const pb::LeasedCandidate*>& cands, const std::vector<Candidate>& batch) {
+  std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
+  if (device == 0) timing.lock();
+  std::vector<CounterReport> reports = evaluator->ReadCounters(batch);
+  if (timing.owns_lock()) timing.unlock();
+  for (size_t i = 0; i < cands.size() && i < reports.size(); ++i) {
+    if (stop_) return;
+    pb::ReportCountersRequest req;
+    req.set_candidate_id(cands[i]->candidate_id());
+    req.set_counters_json(CounterReportToJson(reports[i]).dump());
+    auto r = client_->ReportCounters(req);
+    if (!r.ok())
+      Log("the counters of candidate " + cands[i]->candidate_id() + " were not stored: " + r.status().ToString());
+  }
+}
+
+std::optional<pb::ReportEvaluationResponse> GpuWorker::Report(const std::string& who, const pb::LeasedCandidate* c,
+                                                              pb::ReportEvaluationRequest& rep) {
   if (!Held(c->lease_id())) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.lost;
-    return false;
+    return std::nullopt;
   }
   rep.set_candidate_id(c->candidate_id());
   rep.set_lease_id(c->lease_id());
@@ -293,15 +320,15 @@ bool GpuWorker::Report(const std::string& who, const pb::LeasedCandidate* c, pb:
   }
   Drop({c->lease_id()});
   std::lock_guard<std::mutex> lock(mu_);
-  if (r.ok()) {
-    ++stats_.reported;
-  } else {
+  if (!r.ok()) {
     ++stats_.lost;
     if (!options_.quiet)
       std::fprintf(stderr, "gpu-worker %s: candidate %s not stored: %s\n", who.c_str(), c->candidate_id().c_str(),
                    r.status().ToString().c_str());
+    return std::nullopt;
   }
-  return r.ok();
+  ++stats_.reported;
+  return *r;
 }
 
 Status GpuWorker::Run() {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <string>
@@ -76,8 +77,15 @@ class GpuWorker {
   void Drop(const std::vector<std::string>& lease_ids);
   // Sends one report (an evaluation or a refusal) for leased candidate c
   // while its lease is held, retrying a briefly absent server; counts it.
-  bool Report(const std::string& who, const ::kernelsearch::v1::LeasedCandidate* c,
-              ::kernelsearch::v1::ReportEvaluationRequest& rep);
+  // The server's answer, or nothing when it was not stored.
+  std::optional<::kernelsearch::v1::ReportEvaluationResponse> Report(const std::string& who,
+                                                                     const ::kernelsearch::v1::LeasedCandidate* c,
+                                                                     ::kernelsearch::v1::ReportEvaluationRequest& rep);
+  // Reads the hardware counters of candidates the server asked for (on this
+  // device, not while device 0 prepares a reference) and sends them.
+  void SendCounters(int device, CandidateEvaluator* evaluator,
+                    const std::vector<const ::kernelsearch::v1::LeasedCandidate*>& cands,
+                    const std::vector<Candidate>& batch);
   void Log(const std::string& line) const;
   void Fail(const Status& st);
   bool SleepUnlessStopped(double seconds);

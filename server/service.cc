@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "evaluator/counters.h"
 #include "search/report.h"
 #include "server/convert.h"
 #include "server/status_convert.h"
@@ -504,6 +505,28 @@ grpc::Status KernelSearchService::ReportEvaluation(grpc::ServerContext* ctx, con
       deps_.hub->Poke(s);
     }
     resp->set_stored(static_cast<int32_t>(done.stored));
+    if (evaluation->correct()) {
+      KS_ASSIGN_OR_RETURN(bool wanted, deps_.store->WantsCounters(id));
+      resp->set_read_counters(wanted);
+    }
+    return Status::Ok();
+  });
+}
+
+grpc::Status KernelSearchService::ReportCounters(grpc::ServerContext* ctx, const pb::ReportCountersRequest* req,
+                                                 pb::ReportCountersResponse* /*resp*/) {
+  return Handle("ReportCounters", ctx->client_metadata(), [&]() -> Status {
+    KS_ASSIGN_OR_RETURN(int64_t id, ParseId("candidate_id", req->candidate_id()));
+    KS_RETURN_IF_ERROR(ValidateSource("counters_json", req->counters_json(), 256 << 10));
+    nlohmann::json j = nlohmann::json::parse(req->counters_json(), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return InvalidArgument("counters_json is not a JSON object");
+    // Only what was asked for (a correct kernel without counters), and
+    // re-serialized: only the fields the prompts know reach the store.
+    KS_ASSIGN_OR_RETURN(bool wanted, deps_.store->WantsCounters(id));
+    if (!wanted) return FailedPrecondition("candidate " + req->candidate_id() + "'s counters were not asked for");
+    KS_RETURN_IF_ERROR(deps_.store->SetEvaluationCounters(id, CounterReportToJson(CounterReportFromJson(j))));
+    KS_ASSIGN_OR_RETURN(store::CandidateRow c, deps_.store->GetCandidate(id));
+    deps_.hub->Poke(c.search_id);
     return Status::Ok();
   });
 }

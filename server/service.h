@@ -79,6 +79,8 @@ class KernelSearchService final
                              ::kernelsearch::v1::RenewLeasesResponse* resp) override;
   ::grpc::Status ReportEvaluation(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ReportEvaluationRequest* req,
                                   ::kernelsearch::v1::ReportEvaluationResponse* resp) override;
+  ::grpc::Status ReportCounters(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ReportCountersRequest* req,
+                                ::kernelsearch::v1::ReportCountersResponse* resp) override;
 
  private:
   // Authenticates, then runs `body` through GuardedCall (the one translator).

@@ -122,6 +122,31 @@ Status LineageStore::PutEvaluation(int64_t candidate_id, const Evaluation& evalu
   return txn.Commit();
 }
 
+StatusOr<bool> LineageStore::WantsCounters(int64_t candidate_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t search = 0, round = 0, top = 0;
+  double median = 0;
+  {
+    KS_STMT(q, "SELECT c.search_id, c.round, COALESCE(json_extract(s.config_json, '$.profile_top'), 1), e.median_ms "
+               "FROM candidates c JOIN evaluations e ON e.candidate_id = c.id JOIN searches s ON s.id = c.search_id "
+               "WHERE c.id = ? AND e.status = 'correct' AND e.median_ms IS NOT NULL "
+               "AND json_extract(e.evaluation_json, '$.counters') IS NULL");
+    q.Bind(1, candidate_id);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return false;
+    search = q.Int(0);
+    round = q.Int(1);
+    top = q.Int(2);
+    median = q.Real(3);
+  }
+  if (top <= 0) return false;
+  KS_STMT(q, "SELECT COUNT(*) FROM candidates c JOIN evaluations e ON e.candidate_id = c.id WHERE c.search_id = ? "
+             "AND c.round = ? AND e.status = 'correct' AND e.median_ms < ? AND c.id != ?");
+  q.Bind(1, search).Bind(2, round).Bind(3, median).Bind(4, candidate_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  return row && q.Int(0) < top;
+}
+
 Status LineageStore::SetEvaluationCounters(int64_t candidate_id, const nlohmann::json& counters) {
   std::lock_guard<std::mutex> lock(mu_);
   Transaction txn(db_.get());

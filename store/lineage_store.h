@@ -279,6 +279,10 @@ class LineageStore {
   // stored evaluation: they are read after the round's evaluations, for its
   // best candidates. NotFound when the candidate has no evaluation.
   Status SetEvaluationCounters(int64_t candidate_id, const nlohmann::json& counters);
+  // Whether an evaluated candidate's hardware counters are wanted: it is
+  // correct, has none yet, and fewer than its search's profile_top correct
+  // kernels of its round are faster (GPU workers: read as results arrive).
+  StatusOr<bool> WantsCounters(int64_t candidate_id);
   // An evaluated candidate of the same problem with this content hash (the
   // earliest one that was evaluated itself, not copied), for reuse.
   // Under the precision contract `precision` ("fp32", "tf32": the searches' own).

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "common/subprocess.h"
+#include "evaluator/counters.h"
 #include "evaluator/problem.h"
 #include "store/lineage_store.h"
 #include "server/client.h"
@@ -185,6 +186,42 @@ TEST(GpuWorkerE2E, ADegenerateReferenceOnTheWorkersGpuFailsTheSearchWithTheCliMe
   auto pending = (*store)->PendingCandidates(std::stoll(started->search_id()));
   ASSERT_TRUE(pending.ok());
   EXPECT_FALSE(pending->empty());
+}
+
+TEST(GpuWorkerE2E, EachRoundsFastestKernelGetsItsCountersFromTheWorker) {
+  ServerHarness h({.evaluator = "workers"});
+  StartedSearch s = StartSmallSearch(h);  // --profile-top: the server's default, 1
+  ASSERT_FALSE(s.search_id.empty());
+  LaunchCounters l;
+  l.kernel = "copy";
+  l.dram_pct = 61;
+  l.stalls = {{"long_scoreboard", 0.48}};
+  nlohmann::json ev = {{"log", h.Path("evaluated.log")},
+                       {"counters", CounterReportToJson(CounterReport{{l}, "", 0.5})}};
+  ASSERT_TRUE(WriteFile(h.Path("evaluator.json"), ev.dump()).ok());
+  ChildProcess worker = StartWorker(h, "w", 60);
+  pb::SearchInfo fin = WaitFinished(*s.client, s.search_id, 120s);
+  EXPECT_EQ(fin.state(), pb::SUCCEEDED) << fin.DebugString() << h.Log();
+  ::kill(worker.pid(), SIGTERM);
+  EXPECT_EQ(WaitExit(worker, 30s), "exit code 0");
+  auto store = store::LineageStore::Open(h.db());
+  ASSERT_TRUE(store.ok());
+  auto cands = (*store)->ListCandidates(std::stoll(s.search_id));
+  ASSERT_TRUE(cands.ok());
+  // Per round: its fastest correct kernel has counters (the next round's prompts show them).
+  std::map<int, const store::CandidateRow*> fastest;
+  int with_counters = 0, correct = 0;
+  for (const auto& c : *cands) {
+    if (!c.evaluation || c.evaluation->status != EvalStatus::kCorrect || !c.evaluation->median_ms) continue;
+    ++correct;
+    if (c.evaluation->evaluation_json.find("long_scoreboard") != std::string::npos) ++with_counters;
+    auto& f = fastest[c.round];
+    if (!f || *c.evaluation->median_ms < *f->evaluation->median_ms) f = &c;
+  }
+  ASSERT_FALSE(fastest.empty()) << h.Log();
+  for (const auto& [round, c] : fastest)
+    EXPECT_NE(c->evaluation->evaluation_json.find("\"counters\""), std::string::npos) << "round " << round;
+  EXPECT_LT(with_counters, correct) << "only the fastest of each round so far are profiled";
 }
 
 TEST(GpuWorkerE2E, WrongTokenEndsTheWorker) {
