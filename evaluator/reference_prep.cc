@@ -154,6 +154,22 @@ struct KeyFacts {
   std::string device_kind;  // "cuda:<GPU model>" or "cpu"
 };
 
+// Every module of a Python package directory, in name order, as
+// length-prefixed name and content fields appended to *out.
+Status AppendPackageBytes(const fs::path& dir, std::string* out) {
+  std::vector<fs::path> modules;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".py") modules.push_back(entry.path());
+  if (ec) return PosixError(dir.string(), ec.value());
+  std::sort(modules.begin(), modules.end());
+  for (const auto& m : modules) {
+    KS_ASSIGN_OR_RETURN(std::string bytes, ReadFile(m.string()));
+    AddKeyField(*out, m.filename().string(), bytes);
+  }
+  return Status::Ok();
+}
+
 StatusOr<KeyFacts> ReadKeyFacts(const std::string& file, const ReferenceOptions& opts) {
   KeyFacts k;
   KS_ASSIGN_OR_RETURN(k.problem_bytes, ReadFile(file));
@@ -172,6 +188,8 @@ StatusOr<KeyFacts> ReadKeyFacts(const std::string& file, const ReferenceOptions&
   }
   KS_ASSIGN_OR_RETURN(std::string bridge_path, FindDataFile("reference/bridge.py"));
   KS_ASSIGN_OR_RETURN(k.bridge_bytes, ReadFile(bridge_path));
+  // The bridge's package (ks_bridge/, one module per concern) is the method too.
+  KS_RETURN_IF_ERROR(AppendPackageBytes(fs::path(bridge_path).parent_path() / "ks_bridge", &k.bridge_bytes));
   // timing.py is part of the method whose results are cached.
   KS_ASSIGN_OR_RETURN(std::string timing_path, FindDataFile("reference/timing.py"));
   KS_ASSIGN_OR_RETURN(k.timing_bytes, ReadFile(timing_path));

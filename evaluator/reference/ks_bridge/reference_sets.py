@@ -1,0 +1,453 @@
+"""Reference data: the input sets a problem's reference is made of (files or
+resident tensors), the checks on them, the distribution-shifted sets
+(transforms.py), the eager and torch.compile timing, and the manifest."""
+
+import hashlib
+import json
+import os
+
+from ks_bridge.checks import WarningLog, _tolerance_for, check_deterministic, degenerate_reasons, near_degenerate_notes, output_stats
+from ks_bridge.compile_helper import _COMPILE_HELPER
+from ks_bridge.errors import BridgeError
+from ks_bridge.flops import count_flops
+from ks_bridge.problem_file import _restore_state, _seed_everything, _state_snapshot, resolve_device
+from ks_bridge.resident import _fingerprint, _keep_inputs_pristine, _same_data, _with_scalars
+from ks_bridge.rounding import FP64_CHECK_MAX_S, measure_default_precision, measure_rounding
+from ks_bridge.signature import input_specs, make_signature, output_specs, parameter_specs
+
+
+def _host_array(t):
+    """A contiguous numpy array of t's bytes (bf16 viewed as int16: numpy has no bf16)."""
+    import torch
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.contiguous().cpu().numpy()
+
+
+def store_tensor(t, path):
+    """Writes t to path (when given) and returns the SHA-1 of its bytes."""
+    arr = _host_array(t)
+    if path is not None:
+        arr.tofile(path)
+    digest = hashlib.sha1(arr.reshape(-1).view("uint8")).hexdigest() if arr.size else hashlib.sha1().hexdigest()
+    del arr
+    return digest
+
+
+def _fits_for_timing(kept_bytes, new_bytes, device):
+    """Whether another input set may stay on the device for timing (the first always does)."""
+    import torch
+    if kept_bytes == 0:
+        return True
+    try:
+        free, _ = torch.cuda.mem_get_info(device)
+    except Exception:  # noqa: BLE001 - old torch: keep one set only
+        return False
+    return kept_bytes + new_bytes <= 0.3 * free
+
+
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None):
+    """Builds the model, runs K input sets, writes them when out_dir is given,
+    or keeps them on the GPU when `resident` (a _Resident) is given; then up
+    to `transform_room` distribution-shifted sets (transforms.py,
+    add_transformed_sets), after the K sets, each marked with its transform.
+
+    Returns the manifest dict (without "files" when out_dir is None; with "ipc"
+    per set when resident). torch.compile is timed by the CompileHelper
+    when one runs (reference --time), else here.
+    """
+    import torch
+    if sets < 1:
+        raise BridgeError("bad_arguments", "--sets must be at least 1")
+    import time
+    phases = {}
+    clock = [time.monotonic()]
+
+    def phase(name):
+        """Adds the wall time since the previous mark to `name`: --verbose shows what dominates."""
+        now = time.monotonic()
+        phases[name] = phases.get(name, 0.0) + now - clock[0]
+        clock[0] = now
+
+    device = resolve_device(problem, device_name)
+    # Reference outputs in full fp32: cuDNN convolutions default to TF32 on
+    # Ampere and later, whose 10-bit mantissa would make an exact fp32 kernel
+    # look wrong. PyTorch's defaults come back for the eager and torch.compile
+    # timing, so that the speed baseline is what users run.
+    tf32_defaults = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = problem.build_model(seed, device)
+    params = parameter_specs(problem, model)
+    snapshot = _state_snapshot(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    phase("model build")  # the state before any forward: given to the candidate, restored per set
+
+    files_params = {}
+    ipc_params = {}
+    if resident is not None:
+        if device.type != "cuda":
+            raise BridgeError("bad_arguments", "--resident keeps the reference on a GPU: it needs --device cuda")
+        for k, v in snapshot.items():
+            ipc_params[k] = resident.export(v)
+    if out_dir is not None:
+        os.makedirs(os.path.join(out_dir, "params"), exist_ok=True)
+        # Written before any forward: a forward that updates buffers (BatchNorm in
+        # training mode) must not change what the candidate is given.
+        for k, v in model.state_dict().items():
+            rel = "params/%s.bin" % k
+            store_tensor(v, os.path.join(out_dir, rel))
+            files_params[k] = rel
+
+    warnings = WarningLog()
+    notes = WarningLog()
+    sig_inputs = sig_outputs = None
+    scalars = {}
+    manifest_sets = []
+    input_hashes, output_hashes = [], []
+    input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
+    timing_sets, kept_bytes = [], 0
+    base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
+    for i in range(sets):
+        set_seed = seed + 1 + i
+        phase("writing files")  # the parameters, before the first set
+        inputs = problem.inputs(set_seed, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        phase("input generation")
+        specs = input_specs(problem, model, inputs)
+        if sig_inputs is None:
+            sig_inputs = specs
+            scalars = {s["name"]: s["value"] for s in specs if s["kind"] == "scalar"}
+        elif specs != sig_inputs:
+            raise problem.fail("inputs_vary", "get_inputs() returns different names, dtypes, shapes or scalar "
+                               "values for seeds %d and %d; only tensor values may change" % (seed + 1, set_seed))
+        set_dir = None
+        if out_dir is not None:
+            set_dir = os.path.join(out_dir, "set%d" % i)
+            os.makedirs(set_dir, exist_ok=True)
+        files = dict(files_params)
+        hashes = []
+        prints = []
+        # Inputs are written before forward runs, in case forward changes them in
+        # place; kept ones are fingerprinted for the same reason.
+        for spec, v in zip(specs, inputs):
+            if spec["kind"] != "tensor":
+                continue
+            if resident is not None:
+                v = v.contiguous()
+                hashes.append(v)
+                prints.append(_fingerprint(v))
+                continue
+            path = os.path.join(set_dir, spec["name"] + ".bin") if set_dir else None
+            hashes.append(store_tensor(v, path))
+            if path:
+                files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
+        input_hashes.append(hashes)
+        input_prints.append(prints)
+        phase("writing files")
+
+        _restore_state(model, snapshot)
+        _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
+        if i == 0 and device.type == "cuda":
+            allocated = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        outputs = problem.forward(model, inputs)
+        phase("forward")
+        if i == 0:
+            peak_forward = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else 0
+            forward_s = check_deterministic(problem, model, snapshot, set_seed, device, outputs)
+            phase("determinism check")
+            _restore_state(model, snapshot)
+            rounding, note = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s,
+                                              peak_forward)
+            if note:
+                notes.add_plain(note)
+            phase("float64 rounding check")
+            default_error, note = measure_default_precision(problem, model, snapshot, set_seed, device, outputs,
+                                                            tf32_defaults)
+            if note:
+                notes.add_plain(note)
+            phase("PyTorch's default precision (TF32) check")
+        ospecs = output_specs(problem, outputs)
+        if sig_outputs is None:
+            sig_outputs = ospecs
+        elif ospecs != sig_outputs:
+            raise problem.fail("inputs_vary", "forward() returns different output shapes or dtypes for seeds "
+                               "%d and %d" % (seed + 1, set_seed))
+        ohashes = []
+        for (name, t), spec in zip(outputs, ospecs):
+            atol, rtol = _tolerance_for(problem, spec["dtype"], rounding.get(name))
+            st = output_stats(t, atol, rtol)
+            if i == 0:
+                base_nonfinite[name] = st["nan"] + st["inf"]
+            for key, msg in degenerate_reasons(name, st, atol, rtol):
+                warnings.add((name, key), msg, i)
+            for key, msg in near_degenerate_notes(name, st):
+                notes.add((name, key), msg, i)
+            if resident is not None:
+                ohashes.append(t.detach().contiguous())
+                continue
+            path = os.path.join(set_dir, name + ".bin") if set_dir else None
+            ohashes.append(store_tensor(t, path))
+            if path:
+                files[name] = "set%d/%s.bin" % (i, name)
+        output_hashes.append(ohashes)
+        phase("writing files")  # with the degenerate-output statistics
+        del outputs
+        manifest_sets.append({"seed": set_seed, "files": files})
+        if resident is not None:
+            _keep_inputs_pristine(problem, specs, input_hashes, input_prints, i, set_seed, device)
+            phase("input fingerprints")
+            timing_sets.append(input_hashes[i] if len(timing_sets) < 2 else None)
+            del inputs
+            continue
+
+        if do_time and device.type == "cuda":
+            nbytes = sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))
+            if _fits_for_timing(kept_bytes, nbytes, device):
+                timing_sets.append(inputs)
+                kept_bytes += nbytes
+        del inputs
+
+    if sets > 1:
+        if all(len(h) == len(input_hashes[0]) and all(_same_data(a, b) for a, b in zip(h, input_hashes[0]))
+               for h in input_hashes[1:]):
+            if input_hashes[0]:
+                warnings.add_plain("get_inputs() returns the same tensors for seeds %d..%d: the input sets do "
+                                   "not differ (does it draw from torch's random generator?)"
+                                   % (seed + 1, seed + sets))
+        else:
+            for j, spec in enumerate(sig_outputs):
+                if all(_same_data(h[j], output_hashes[0][j]) for h in output_hashes[1:]):
+                    warnings.add_plain("output '%s' is identical for all %d input sets although the inputs differ: "
+                                       "it does not depend on the inputs" % (spec["name"], sets))
+
+    # What makes the reference unable to judge (the GPU side of a search stops on
+    # these), apart from the timing warnings that follow.
+    degenerate = warnings.messages(sets)
+    transform_info, t_kept = add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device,
+                                                  out_dir, resident, sets, transform_room, base_nonfinite,
+                                                  manifest_sets, files_params, notes, forward_s, peak_forward)
+    phase("distribution-shifted input sets")
+
+    timing = {"eager": None, "compiled": None}
+    if do_time and device.type == "cuda":
+        import timing as ks_timing
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
+        _restore_state(model, snapshot)
+        phase("writing files")
+        helper = _COMPILE_HELPER[0]
+        ready = False
+        if helper is not None:
+            ready, note = helper.wait_compiled()
+            if note:
+                notes.add_plain(note)
+            phase("waiting for torch.compile in the helper process")
+        if resident is not None:
+            # The kept inputs themselves, with the scalars in their places.
+            timing_sets = [_with_scalars(problem, sig_inputs, t) for t in timing_sets if t is not None]
+        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, compile_model=not ready,
+                                                                phases=phases)
+        if ready:
+            # The helper measures while this process waits: the GPU is one
+            # process's at a time whenever something is timed.
+            t0 = time.monotonic()
+            compiled, note = helper.time_compiled()
+            phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
+            if note:  # it failed after compiling: timed here, as without a helper
+                notes.add_plain(note)
+                eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+        eager_fp32 = None
+        if default_error:
+            # The defaults compute in TF32 here: eager at the precision the
+            # candidate is held to as well, so that a speedup can name either.
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            t0 = time.monotonic()
+            with torch.no_grad():
+                eager_fp32 = ks_timing.Timer(device).measure(model, timing_sets)
+            phases["eager timing with TF32 off"] = time.monotonic() - t0
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
+        clock[0] = time.monotonic()
+        timing = {"eager": eager, "compiled": compiled, "eager_fp32": eager_fp32}
+        for w in timing_warnings:
+            warnings.add_plain(w)
+    del timing_sets
+    if resident is not None:
+        # Timing ran forward on the kept inputs: they must still be the ones the
+        # reference outputs were computed from.
+        for i in range(sets):
+            _keep_inputs_pristine(problem, sig_inputs, input_hashes, input_prints, i, seed + 1 + i, device)
+        torch.cuda.empty_cache()
+        names = [spec["name"] for spec in sig_inputs if spec["kind"] == "tensor"]
+        for i, entry in enumerate(manifest_sets[:sets]):
+            ipc = dict(ipc_params)
+            for name, t in zip(names, input_hashes[i]):
+                ipc[name] = resident.export(t)
+            for spec, t in zip(sig_outputs, output_hashes[i]):
+                ipc[spec["name"]] = resident.export(t)
+            entry["ipc"] = ipc
+        for entry, (t_inputs, t_outputs) in zip(manifest_sets[sets:], t_kept):
+            ipc = dict(ipc_params)
+            for name, t in t_inputs.items():
+                ipc[name] = resident.export(t)
+            for name, t in t_outputs.items():
+                ipc[name] = resident.export(t)
+            entry["ipc"] = ipc
+        del input_hashes, output_hashes, t_kept
+        phase("export (CUDA IPC)")
+
+    manifest = {
+        "signature": dict(make_signature(problem, sig_inputs, params, sig_outputs),
+                          # PyTorch's own float32 rounding by output (measure_rounding): widens its tolerance.
+                          reference_error=rounding, **count_flops(problem, seed)),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "sets": manifest_sets,
+        "timing": timing,
+        "warnings": warnings.messages(sets),
+        "degenerate": degenerate,
+        "notes": notes.messages(sets),
+        # The precision contract: how far PyTorch's defaults (TF32 in cuDNN convolutions)
+        # are from the full-fp32 reference, by float32 output; {} where they give the same bits.
+        "default_precision": {"tf32_defaults": list(tf32_defaults), "errors": default_error},
+        # Other shapes (get_inputs_variants()): how many the problem declares
+        # (each is a reference of its own, bridge.py reference --variant I), or
+        # which one this reference is.
+        "shape_variants": problem.variant_count() if problem.variant is None else 0,
+        "shape_variant": problem.variant,
+        # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
+        "transforms": transform_info,
+        "scalars": scalars,
+        # Wall seconds per phase of this bridge run, in order (not part of any result).
+        "phases": [[k, round(v, 3)] for k, v in phases.items()],
+    }
+    return manifest
+
+
+def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
+                         room, base_nonfinite, manifest_sets, files_params, notes, forward_s=0.0, peak_forward=0):
+    """The distribution-shifted input sets (transforms.py), appended to
+    manifest_sets after the K get_inputs() sets: at most `room` of them (None:
+    not asked for, as by `check`), each input set 0 transformed, with
+    PyTorch's output on it as its reference; files in out_dir, or kept on the
+    GPU (resident: exported by the caller). Returns (info, kept): info has
+    one entry per transform, {"name", "set": its index or None, "note": what
+    it does, or why it has no set, and "reference_error": PyTorch's own float32
+    rounding on that set, as measure_rounding measures set 0's, where it was
+    measured}; kept, per set made (resident only), the ({input name: tensor},
+    {output name: tensor}) to export. The float64 runs of all shifted sets
+    together stay within one $KS_FP64_CHECK_MAX_S."""
+    import time
+    import torch
+    import transforms
+    info, kept = [], []
+    if room is None:
+        return info, kept
+    wanted = transforms.chosen(problem.module)
+    set_seed = seed + 1  # input set 0, transformed
+    tensor_specs = [spec for spec in sig_inputs if spec["kind"] == "tensor"]
+
+    def fresh(name):
+        # Set 0's inputs made again and, on a GPU, transformed in place: one copy
+        # of a multi-GB input in memory. There get_inputs() draws its tensors on
+        # the device or they are moved there, a new tensor each call; on the CPU a
+        # problem may hand back one module-level tensor every time, which must
+        # not change under the other sets (they are small there: copied).
+        return transforms.apply(name, problem.inputs(set_seed, device), set_seed, in_place=device.type == "cuda")
+
+    no_floats = not any(spec["kind"] == "tensor" and spec["dtype"] in ("float32", "float16", "bfloat16", "float64")
+                        for spec in sig_inputs)
+    # A shifted set rounds differently from set 0 (outliers dominate a variance,
+    # a scaled sum cancels otherwise): its own float64 run widens its tolerance.
+    fp64_left = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    for name in transforms.TRANSFORMS:
+        if name not in wanted:
+            info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})
+            continue
+        if no_floats:
+            info.append({"name": name, "set": None, "note": "not checked: the problem has no floating-point input "
+                         "tensor to transform"})
+            continue
+        if len(manifest_sets) - sets >= room:
+            note = ("not checked: no room for another input set (the cache cap, the free disk or the GPU's free "
+                    "memory)")
+            info.append({"name": name, "set": None, "note": note})
+            notes.add_plain("transform '%s' %s" % (name, note))
+            continue
+        index = len(manifest_sets)
+        inputs = fresh(name)
+        files, t_inputs, prints = dict(files_params), {}, []
+        set_dir = os.path.join(out_dir, "set%d" % index) if out_dir is not None else None
+        if set_dir:
+            os.makedirs(set_dir, exist_ok=True)
+        for spec, v in zip(tensor_specs, [v for v in inputs if isinstance(v, torch.Tensor)]):
+            if resident is not None:
+                t_inputs[spec["name"]] = v.contiguous()
+                prints.append(_fingerprint(t_inputs[spec["name"]]))
+            elif set_dir:
+                store_tensor(v, os.path.join(set_dir, spec["name"] + ".bin"))
+                files[spec["name"]] = "set%d/%s.bin" % (index, spec["name"])
+        _restore_state(model, snapshot)
+        _seed_everything(set_seed)
+        why = None
+        try:
+            outputs = problem.forward(model, inputs)
+        except BridgeError as e:
+            outputs, why = None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
+        if outputs is not None and output_specs(problem, outputs) != sig_outputs:
+            why = "forward() returns other output shapes or dtypes on these inputs"
+        if why is None:
+            for (oname, t) in outputs:
+                bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
+                if bad > before:
+                    why = ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has %d "
+                           "(outside the operator's domain or range)" % (oname, bad, before))
+                    break
+        if why is not None:
+            note = "dropped: %s" % why
+            info.append({"name": name, "set": None, "note": note})
+            notes.add_plain("transform '%s' (%s) %s" % (name, transforms.DESCRIPTIONS[name], note))
+            if set_dir:
+                import shutil
+                shutil.rmtree(set_dir, ignore_errors=True)
+            del outputs
+            continue
+        rounding = {}
+        if fp64_left > 0:
+            t0 = time.monotonic()
+            _restore_state(model, snapshot)
+            rounding, _ = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
+                                           make_inputs=lambda: fresh(name), max_s=fp64_left)
+            _restore_state(model, snapshot)
+            fp64_left -= time.monotonic() - t0
+        t_outputs = {}
+        for oname, t in outputs:
+            if resident is not None:
+                t_outputs[oname] = t.detach().contiguous()
+            elif set_dir:
+                store_tensor(t, os.path.join(set_dir, oname + ".bin"))
+                files[oname] = "set%d/%s.bin" % (index, oname)
+        del outputs
+        if resident is not None:
+            # forward changed an input in place: the transform is deterministic, so make it again.
+            if [_fingerprint(t) for t in t_inputs.values()] != prints:
+                again = [v for v in fresh(name) if isinstance(v, torch.Tensor)]
+                t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
+            kept.append((t_inputs, t_outputs))
+        manifest_sets.append({"seed": set_seed, "files": files, "transform": name})
+        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name], "reference_error": rounding})
+    return info, kept
+
+
+def write_manifest(out_dir, manifest):
+    # Written last and atomically: a directory without manifest.json is incomplete.
+    path = os.path.join(out_dir, "manifest.json")
+    tmp = path + ".tmp.%d" % os.getpid()
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
