@@ -57,86 +57,146 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     per set when resident). torch.compile is timed by the CompileHelper
     when one runs (reference --time), else here.
     """
-    import torch
+    import torch  # noqa: F401 - as before the split: torch first, then the arguments
     if sets < 1:
         raise BridgeError("bad_arguments", "--sets must be at least 1")
-    import time
-    phases = {}
-    clock = [time.monotonic()]
-
-    def phase(name):
-        """Adds the wall time since the previous mark to `name`: --verbose shows what dominates."""
-        now = time.monotonic()
-        phases[name] = phases.get(name, 0.0) + now - clock[0]
-        clock[0] = now
-
-    device = resolve_device(problem, device_name)
-    # Reference outputs in full fp32: cuDNN convolutions default to TF32 on
-    # Ampere and later, whose 10-bit mantissa would make an exact fp32 kernel
-    # look wrong. PyTorch's defaults come back for the eager and torch.compile
-    # timing, so that the speed baseline is what users run.
-    tf32_defaults = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = problem.build_model(seed, device)
-    params = parameter_specs(problem, model)
-    snapshot = _state_snapshot(model)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    phase("model build")  # the state before any forward: given to the candidate, restored per set
-
-    files_params = {}
-    ipc_params = {}
-    if resident is not None:
-        if device.type != "cuda":
-            raise BridgeError("bad_arguments", "--resident keeps the reference on a GPU: it needs --device cuda")
-        for k, v in snapshot.items():
-            ipc_params[k] = resident.export(v)
-    if out_dir is not None:
-        os.makedirs(os.path.join(out_dir, "params"), exist_ok=True)
-        # Written before any forward: a forward that updates buffers (BatchNorm in
-        # training mode) must not change what the candidate is given.
-        for k, v in model.state_dict().items():
-            rel = "params/%s.bin" % k
-            store_tensor(v, os.path.join(out_dir, rel))
-            files_params[k] = rel
-
-    warnings = WarningLog()
-    notes = WarningLog()
-    sig_inputs = sig_outputs = None
-    scalars = {}
-    manifest_sets = []
-    input_hashes, output_hashes = [], []
-    input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
-    timing_sets, kept_bytes = [], 0
-    base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
+    run = _ReferenceRun(problem, out_dir, sets, seed, do_time, resident)
+    run.build_model(device_name)
     for i in range(sets):
-        set_seed = seed + 1 + i
-        phase("writing files")  # the parameters, before the first set
+        run.run_set(i)
+    run.check_sets_differ()
+    # What makes the reference unable to judge (the GPU side of a search stops on
+    # these), apart from the timing warnings that follow.
+    degenerate = run.warnings.messages(sets)
+    run.add_shifted_sets(transform_room)
+    run.time()
+    run.export_resident()
+    return run.manifest(degenerate)
+
+
+class _ReferenceRun:
+    """One reference in the making: run_reference's phases, in order, and what
+    they share (the model, the signature found so far, the sets, warnings)."""
+
+    def __init__(self, problem, out_dir, sets, seed, do_time, resident):
+        import time
+        self.problem, self.out_dir, self.sets, self.seed = problem, out_dir, sets, seed
+        self.do_time, self.resident = do_time, resident
+        self.phases = {}
+        self._clock = time.monotonic()
+        self.files_params, self.ipc_params = {}, {}
+        self.warnings, self.notes = WarningLog(), WarningLog()
+        self.sig_inputs = self.sig_outputs = None
+        self.scalars = {}
+        self.manifest_sets = []
+        self.input_hashes, self.output_hashes = [], []
+        self.input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
+        self.timing_sets, self.kept_bytes = [], 0
+        self.base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
+        self.transform_info, self.t_kept = [], []
+        self.timing = {"eager": None, "compiled": None}
+
+    def phase(self, name):
+        """Adds the wall time since the previous mark to `name`: --verbose shows what dominates."""
+        import time
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._clock
+        self._clock = now
+
+    def build_model(self, device_name):
+        """The device, the model in full fp32 and its state before any forward,
+        given to the candidate and restored per set (files, or resident tensors)."""
+        import torch
+        problem = self.problem
+        self.device = device = resolve_device(problem, device_name)
+        # Reference outputs in full fp32: cuDNN convolutions default to TF32 on
+        # Ampere and later, whose 10-bit mantissa would make an exact fp32 kernel
+        # look wrong. PyTorch's defaults come back for the eager and torch.compile
+        # timing, so that the speed baseline is what users run.
+        self.tf32_defaults = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        self.model = model = problem.build_model(self.seed, device)
+        self.params = parameter_specs(problem, model)
+        self.snapshot = _state_snapshot(model)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.phase("model build")
+        if self.resident is not None:
+            if device.type != "cuda":
+                raise BridgeError("bad_arguments", "--resident keeps the reference on a GPU: it needs --device cuda")
+            for k, v in self.snapshot.items():
+                self.ipc_params[k] = self.resident.export(v)
+        if self.out_dir is not None:
+            os.makedirs(os.path.join(self.out_dir, "params"), exist_ok=True)
+            # Written before any forward: a forward that updates buffers (BatchNorm in
+            # training mode) must not change what the candidate is given.
+            for k, v in model.state_dict().items():
+                rel = "params/%s.bin" % k
+                store_tensor(v, os.path.join(self.out_dir, rel))
+                self.files_params[k] = rel
+
+    def run_set(self, i):
+        """Input set i: its inputs kept (written, or fingerprinted) before
+        forward can change them, forward, set 0's checks, its outputs checked
+        for degeneracy and kept."""
+        import torch
+        problem, device = self.problem, self.device
+        set_seed = self.seed + 1 + i
+        self.phase("writing files")  # the parameters, before the first set
         inputs = problem.inputs(set_seed, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        phase("input generation")
-        specs = input_specs(problem, model, inputs)
-        if sig_inputs is None:
-            sig_inputs = specs
-            scalars = {s["name"]: s["value"] for s in specs if s["kind"] == "scalar"}
-        elif specs != sig_inputs:
+        self.phase("input generation")
+        specs = input_specs(problem, self.model, inputs)
+        if self.sig_inputs is None:
+            self.sig_inputs = specs
+            self.scalars = {s["name"]: s["value"] for s in specs if s["kind"] == "scalar"}
+        elif specs != self.sig_inputs:
             raise problem.fail("inputs_vary", "get_inputs() returns different names, dtypes, shapes or scalar "
-                               "values for seeds %d and %d; only tensor values may change" % (seed + 1, set_seed))
+                               "values for seeds %d and %d; only tensor values may change" % (self.seed + 1, set_seed))
         set_dir = None
-        if out_dir is not None:
-            set_dir = os.path.join(out_dir, "set%d" % i)
+        if self.out_dir is not None:
+            set_dir = os.path.join(self.out_dir, "set%d" % i)
             os.makedirs(set_dir, exist_ok=True)
-        files = dict(files_params)
-        hashes = []
-        prints = []
-        # Inputs are written before forward runs, in case forward changes them in
-        # place; kept ones are fingerprinted for the same reason.
+        files = dict(self.files_params)
+        self._keep_inputs(i, specs, inputs, set_dir, files)
+        self.phase("writing files")
+
+        _restore_state(self.model, self.snapshot)
+        _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
+        if i == 0 and device.type == "cuda":
+            allocated = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        outputs = problem.forward(self.model, inputs)
+        self.phase("forward")
+        if i == 0:
+            peak_forward = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else 0
+            self._check_first_set(set_seed, inputs, outputs, peak_forward)
+        self._keep_outputs(i, set_seed, outputs, set_dir, files)
+        del outputs
+        self.manifest_sets.append({"seed": set_seed, "files": files})
+        if self.resident is not None:
+            _keep_inputs_pristine(problem, specs, self.input_hashes, self.input_prints, i, set_seed, device)
+            self.phase("input fingerprints")
+            self.timing_sets.append(self.input_hashes[i] if len(self.timing_sets) < 2 else None)
+            del inputs
+            return
+        if self.do_time and device.type == "cuda":
+            nbytes = sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))
+            if _fits_for_timing(self.kept_bytes, nbytes, device):
+                self.timing_sets.append(inputs)
+                self.kept_bytes += nbytes
+        del inputs
+
+    def _keep_inputs(self, i, specs, inputs, set_dir, files):
+        """Set i's tensor inputs, before forward runs (it may change them in
+        place): written with their digests, or kept and fingerprinted."""
+        hashes, prints = [], []
         for spec, v in zip(specs, inputs):
             if spec["kind"] != "tensor":
                 continue
-            if resident is not None:
+            if self.resident is not None:
                 v = v.contiguous()
                 hashes.append(v)
                 prints.append(_fingerprint(v))
@@ -145,186 +205,190 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
             hashes.append(store_tensor(v, path))
             if path:
                 files[spec["name"]] = "set%d/%s.bin" % (i, spec["name"])
-        input_hashes.append(hashes)
-        input_prints.append(prints)
-        phase("writing files")
+        self.input_hashes.append(hashes)
+        self.input_prints.append(prints)
 
-        _restore_state(model, snapshot)
-        _seed_everything(set_seed)  # randomness inside forward, if any, is seeded per set too
-        if i == 0 and device.type == "cuda":
-            allocated = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        outputs = problem.forward(model, inputs)
-        phase("forward")
-        if i == 0:
-            peak_forward = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else 0
-            forward_s = check_deterministic(problem, model, snapshot, set_seed, device, outputs)
-            phase("determinism check")
-            _restore_state(model, snapshot)
-            rounding, note = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s,
-                                              peak_forward)
-            if note:
-                notes.add_plain(note)
-            phase("float64 rounding check")
-            default_error, note = measure_default_precision(problem, model, snapshot, set_seed, device, outputs,
-                                                            tf32_defaults)
-            if note:
-                notes.add_plain(note)
-            phase("PyTorch's default precision (TF32) check")
+    def _check_first_set(self, set_seed, inputs, outputs, peak_forward):
+        """Input set 0 only: determinism, PyTorch's float32 rounding (float64
+        run) and the distance of its default precision (TF32)."""
+        problem, model, device = self.problem, self.model, self.device
+        self.peak_forward = peak_forward
+        self.forward_s = check_deterministic(problem, model, self.snapshot, set_seed, device, outputs)
+        self.phase("determinism check")
+        _restore_state(model, self.snapshot)
+        self.rounding, note = measure_rounding(problem, model, set_seed, device, outputs, inputs, self.forward_s,
+                                               peak_forward)
+        if note:
+            self.notes.add_plain(note)
+        self.phase("float64 rounding check")
+        self.default_error, note = measure_default_precision(problem, model, self.snapshot, set_seed, device,
+                                                             outputs, self.tf32_defaults)
+        if note:
+            self.notes.add_plain(note)
+        self.phase("PyTorch's default precision (TF32) check")
+
+    def _keep_outputs(self, i, set_seed, outputs, set_dir, files):
+        """Set i's outputs: the same specs as set 0's, checked for degeneracy,
+        written with their digests or kept."""
+        problem = self.problem
         ospecs = output_specs(problem, outputs)
-        if sig_outputs is None:
-            sig_outputs = ospecs
-        elif ospecs != sig_outputs:
+        if self.sig_outputs is None:
+            self.sig_outputs = ospecs
+        elif ospecs != self.sig_outputs:
             raise problem.fail("inputs_vary", "forward() returns different output shapes or dtypes for seeds "
-                               "%d and %d" % (seed + 1, set_seed))
+                               "%d and %d" % (self.seed + 1, set_seed))
         ohashes = []
         for (name, t), spec in zip(outputs, ospecs):
-            atol, rtol = _tolerance_for(problem, spec["dtype"], rounding.get(name))
+            atol, rtol = _tolerance_for(problem, spec["dtype"], self.rounding.get(name))
             st = output_stats(t, atol, rtol)
             if i == 0:
-                base_nonfinite[name] = st["nan"] + st["inf"]
+                self.base_nonfinite[name] = st["nan"] + st["inf"]
             for key, msg in degenerate_reasons(name, st, atol, rtol):
-                warnings.add((name, key), msg, i)
+                self.warnings.add((name, key), msg, i)
             for key, msg in near_degenerate_notes(name, st):
-                notes.add((name, key), msg, i)
-            if resident is not None:
+                self.notes.add((name, key), msg, i)
+            if self.resident is not None:
                 ohashes.append(t.detach().contiguous())
                 continue
             path = os.path.join(set_dir, name + ".bin") if set_dir else None
             ohashes.append(store_tensor(t, path))
             if path:
                 files[name] = "set%d/%s.bin" % (i, name)
-        output_hashes.append(ohashes)
-        phase("writing files")  # with the degenerate-output statistics
-        del outputs
-        manifest_sets.append({"seed": set_seed, "files": files})
-        if resident is not None:
-            _keep_inputs_pristine(problem, specs, input_hashes, input_prints, i, set_seed, device)
-            phase("input fingerprints")
-            timing_sets.append(input_hashes[i] if len(timing_sets) < 2 else None)
-            del inputs
-            continue
+        self.output_hashes.append(ohashes)
+        self.phase("writing files")  # with the degenerate-output statistics
 
-        if do_time and device.type == "cuda":
-            nbytes = sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))
-            if _fits_for_timing(kept_bytes, nbytes, device):
-                timing_sets.append(inputs)
-                kept_bytes += nbytes
-        del inputs
-
-    if sets > 1:
+    def check_sets_differ(self):
+        """Input sets that are all the same, or an output that is the same for
+        every set although the inputs differ, cannot tell kernels apart."""
+        sets, seed, input_hashes, output_hashes = self.sets, self.seed, self.input_hashes, self.output_hashes
+        if sets <= 1:
+            return
         if all(len(h) == len(input_hashes[0]) and all(_same_data(a, b) for a, b in zip(h, input_hashes[0]))
                for h in input_hashes[1:]):
             if input_hashes[0]:
-                warnings.add_plain("get_inputs() returns the same tensors for seeds %d..%d: the input sets do "
-                                   "not differ (does it draw from torch's random generator?)"
-                                   % (seed + 1, seed + sets))
+                self.warnings.add_plain("get_inputs() returns the same tensors for seeds %d..%d: the input sets "
+                                        "do not differ (does it draw from torch's random generator?)"
+                                        % (seed + 1, seed + sets))
         else:
-            for j, spec in enumerate(sig_outputs):
+            for j, spec in enumerate(self.sig_outputs):
                 if all(_same_data(h[j], output_hashes[0][j]) for h in output_hashes[1:]):
-                    warnings.add_plain("output '%s' is identical for all %d input sets although the inputs differ: "
-                                       "it does not depend on the inputs" % (spec["name"], sets))
+                    self.warnings.add_plain("output '%s' is identical for all %d input sets although the inputs "
+                                            "differ: it does not depend on the inputs" % (spec["name"], sets))
 
-    # What makes the reference unable to judge (the GPU side of a search stops on
-    # these), apart from the timing warnings that follow.
-    degenerate = warnings.messages(sets)
-    transform_info, t_kept = add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device,
-                                                  out_dir, resident, sets, transform_room, base_nonfinite,
-                                                  manifest_sets, files_params, notes, forward_s, peak_forward)
-    phase("distribution-shifted input sets")
+    def add_shifted_sets(self, transform_room):
+        self.transform_info, self.t_kept = add_transformed_sets(
+            self.problem, self.model, self.snapshot, self.sig_inputs, self.sig_outputs, self.seed, self.device,
+            self.out_dir, self.resident, self.sets, transform_room, self.base_nonfinite, self.manifest_sets,
+            self.files_params, self.notes, self.forward_s, self.peak_forward)
+        self.phase("distribution-shifted input sets")
 
-    timing = {"eager": None, "compiled": None}
-    if do_time and device.type == "cuda":
-        import timing as ks_timing
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
-        _restore_state(model, snapshot)
-        phase("writing files")
-        helper = _COMPILE_HELPER[0]
-        ready = False
-        if helper is not None:
-            ready, note = helper.wait_compiled()
-            if note:
-                notes.add_plain(note)
-            phase("waiting for torch.compile in the helper process")
-        if resident is not None:
-            # The kept inputs themselves, with the scalars in their places.
-            timing_sets = [_with_scalars(problem, sig_inputs, t) for t in timing_sets if t is not None]
-        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, compile_model=not ready,
-                                                                phases=phases)
-        if ready:
-            # The helper measures while this process waits: the GPU is one
-            # process's at a time whenever something is timed.
-            t0 = time.monotonic()
-            compiled, note = helper.time_compiled()
-            phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
-            if note:  # it failed after compiling: timed here, as without a helper
-                notes.add_plain(note)
-                eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
-        eager_fp32 = None
-        if default_error:
-            # The defaults compute in TF32 here: eager at the precision the
-            # candidate is held to as well, so that a speedup can name either.
-            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-            t0 = time.monotonic()
-            with torch.no_grad():
-                eager_fp32 = ks_timing.Timer(device).measure(model, timing_sets)
-            phases["eager timing with TF32 off"] = time.monotonic() - t0
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32_defaults
-        clock[0] = time.monotonic()
-        timing = {"eager": eager, "compiled": compiled, "eager_fp32": eager_fp32}
-        for w in timing_warnings:
-            warnings.add_plain(w)
-    del timing_sets
-    if resident is not None:
-        # Timing ran forward on the kept inputs: they must still be the ones the
-        # reference outputs were computed from.
+    def time(self):
+        """Eager and torch.compile timing at PyTorch's default precision (and
+        eager in fp32 too where the defaults differ), on a GPU when asked."""
+        import time
+        import torch
+        if self.do_time and self.device.type == "cuda":
+            import timing as ks_timing
+            device, model, phases = self.device, self.model, self.phases
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.tf32_defaults
+            _restore_state(model, self.snapshot)
+            self.phase("writing files")
+            helper = _COMPILE_HELPER[0]
+            ready = False
+            if helper is not None:
+                ready, note = helper.wait_compiled()
+                if note:
+                    self.notes.add_plain(note)
+                self.phase("waiting for torch.compile in the helper process")
+            if self.resident is not None:
+                # The kept inputs themselves, with the scalars in their places.
+                self.timing_sets = [_with_scalars(self.problem, self.sig_inputs, t) for t in self.timing_sets
+                                    if t is not None]
+            timing_sets = self.timing_sets
+            eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device,
+                                                                    compile_model=not ready, phases=phases)
+            if ready:
+                # The helper measures while this process waits: the GPU is one
+                # process's at a time whenever something is timed.
+                t0 = time.monotonic()
+                compiled, note = helper.time_compiled()
+                phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
+                if note:  # it failed after compiling: timed here, as without a helper
+                    self.notes.add_plain(note)
+                    eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+            eager_fp32 = None
+            if self.default_error:
+                # The defaults compute in TF32 here: eager at the precision the
+                # candidate is held to as well, so that a speedup can name either.
+                torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+                t0 = time.monotonic()
+                with torch.no_grad():
+                    eager_fp32 = ks_timing.Timer(device).measure(model, timing_sets)
+                phases["eager timing with TF32 off"] = time.monotonic() - t0
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.tf32_defaults
+            self._clock = time.monotonic()
+            self.timing = {"eager": eager, "compiled": compiled, "eager_fp32": eager_fp32}
+            for w in timing_warnings:
+                self.warnings.add_plain(w)
+        self.timing_sets = None
+
+    def export_resident(self):
+        """Resident: the kept inputs checked once more (timing ran forward on
+        them), then every set's tensors exported for the evaluator to map."""
+        import torch
+        resident, sets = self.resident, self.sets
+        if resident is None:
+            return
         for i in range(sets):
-            _keep_inputs_pristine(problem, sig_inputs, input_hashes, input_prints, i, seed + 1 + i, device)
+            _keep_inputs_pristine(self.problem, self.sig_inputs, self.input_hashes, self.input_prints, i,
+                                  self.seed + 1 + i, self.device)
         torch.cuda.empty_cache()
-        names = [spec["name"] for spec in sig_inputs if spec["kind"] == "tensor"]
-        for i, entry in enumerate(manifest_sets[:sets]):
-            ipc = dict(ipc_params)
-            for name, t in zip(names, input_hashes[i]):
+        names = [spec["name"] for spec in self.sig_inputs if spec["kind"] == "tensor"]
+        for i, entry in enumerate(self.manifest_sets[:sets]):
+            ipc = dict(self.ipc_params)
+            for name, t in zip(names, self.input_hashes[i]):
                 ipc[name] = resident.export(t)
-            for spec, t in zip(sig_outputs, output_hashes[i]):
+            for spec, t in zip(self.sig_outputs, self.output_hashes[i]):
                 ipc[spec["name"]] = resident.export(t)
             entry["ipc"] = ipc
-        for entry, (t_inputs, t_outputs) in zip(manifest_sets[sets:], t_kept):
-            ipc = dict(ipc_params)
+        for entry, (t_inputs, t_outputs) in zip(self.manifest_sets[sets:], self.t_kept):
+            ipc = dict(self.ipc_params)
             for name, t in t_inputs.items():
                 ipc[name] = resident.export(t)
             for name, t in t_outputs.items():
                 ipc[name] = resident.export(t)
             entry["ipc"] = ipc
-        del input_hashes, output_hashes, t_kept
-        phase("export (CUDA IPC)")
+        self.input_hashes = self.output_hashes = self.t_kept = None
+        self.phase("export (CUDA IPC)")
 
-    manifest = {
-        "signature": dict(make_signature(problem, sig_inputs, params, sig_outputs),
-                          # PyTorch's own float32 rounding by output (measure_rounding): widens its tolerance.
-                          reference_error=rounding, **count_flops(problem, seed)),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "sets": manifest_sets,
-        "timing": timing,
-        "warnings": warnings.messages(sets),
-        "degenerate": degenerate,
-        "notes": notes.messages(sets),
-        # The precision contract: how far PyTorch's defaults (TF32 in cuDNN convolutions)
-        # are from the full-fp32 reference, by float32 output; {} where they give the same bits.
-        "default_precision": {"tf32_defaults": list(tf32_defaults), "errors": default_error},
-        # Other shapes (get_inputs_variants()): how many the problem declares
-        # (each is a reference of its own, bridge.py reference --variant I), or
-        # which one this reference is.
-        "shape_variants": problem.variant_count() if problem.variant is None else 0,
-        "shape_variant": problem.variant,
-        # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
-        "transforms": transform_info,
-        "scalars": scalars,
-        # Wall seconds per phase of this bridge run, in order (not part of any result).
-        "phases": [[k, round(v, 3)] for k, v in phases.items()],
-    }
-    return manifest
+    def manifest(self, degenerate):
+        import torch
+        problem, device, sets = self.problem, self.device, self.sets
+        return {
+            "signature": dict(make_signature(problem, self.sig_inputs, self.params, self.sig_outputs),
+                              # PyTorch's own float32 rounding by output (measure_rounding): widens its tolerance.
+                              reference_error=self.rounding, **count_flops(problem, self.seed)),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "sets": self.manifest_sets,
+            "timing": self.timing,
+            "warnings": self.warnings.messages(sets),
+            "degenerate": degenerate,
+            "notes": self.notes.messages(sets),
+            # The precision contract: how far PyTorch's defaults (TF32 in cuDNN convolutions)
+            # are from the full-fp32 reference, by float32 output; {} where they give the same bits.
+            "default_precision": {"tf32_defaults": list(self.tf32_defaults), "errors": self.default_error},
+            # Other shapes (get_inputs_variants()): how many the problem declares
+            # (each is a reference of its own, bridge.py reference --variant I), or
+            # which one this reference is.
+            "shape_variants": problem.variant_count() if problem.variant is None else 0,
+            "shape_variant": problem.variant,
+            # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
+            "transforms": self.transform_info,
+            "scalars": self.scalars,
+            # Wall seconds per phase of this bridge run, in order (not part of any result).
+            "phases": [[k, round(v, 3)] for k, v in self.phases.items()],
+        }
 
 
 def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
