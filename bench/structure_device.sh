@@ -3,7 +3,8 @@
 # (mixed batch always, issue-4 batch when time allows), one KernelBench-scale
 # problem (softmax_large with its seed, three processes) and the bridge's
 # pytest under the machine's torch. At most 8 files in $OUT.
-#   OUT=DIR bash bench/structure_device.sh
+#   OUT=DIR bash bench/structure_device.sh   (from a dist/ of the same commit; tests built
+#   elsewhere than /work/main: SRC_ON_BUILD_MACHINE=that checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/raw}
@@ -11,7 +12,7 @@ mkdir -p "$OUT"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/device.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__)" >> "$OUT/device.txt" 2>&1
-SRC_ON_BUILD_MACHINE=/work/wt25 bash bench/gpu_tests_device.sh gpu_eval_test:170 adversarial_test:120 constructs_gpu_test:60 \
+bash bench/gpu_tests_device.sh gpu_eval_test:170 adversarial_test:120 constructs_gpu_test:60 \
   search_gpu_test:90 export_gpu_test:90
 scratch=$(mktemp -d)
 skip=1
