@@ -204,6 +204,8 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, where));
     set.transform = s.value("transform", "");
+    set.own_parameters = StringList(s, "parameters");
+    KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, where));
     d.sets.push_back(std::move(set));
     sets.push_back(std::move(tensors));
   }

@@ -84,6 +84,13 @@ StatusOr<ReferenceData> ReferenceFromManifest(const nlohmann::json& j, const std
 // first, and a transform's set must say it is that transform's.
 Status CheckTransformOrder(const ReferenceData& d, const std::string& where);
 
+// A JSON array of strings under `key` (anything else: empty).
+std::vector<std::string> StringList(const nlohmann::json& j, const char* key);
+
+// A set's own parameters must be parameters of the signature, each once, and
+// only a shifted set has them: the judging sets share one copy.
+Status CheckOwnParameters(const Signature& sig, const ReferenceSet& set, const std::string& where);
+
 // Every tensor of the signature must be present in a set, or a consumer would
 // fail later, far from the cause.
 template <typename Map>

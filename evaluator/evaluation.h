@@ -177,6 +177,12 @@ nlohmann::json EvaluationToJson(const Evaluation& e);
 // `search --require robust`: a specialised evaluation becomes incorrect, its
 // message naming the transform that broke it (the robustness stays recorded).
 void RequireRobust(Evaluation& e);
+// A search's robustness policy on an evaluation it stores: RequireRobust when
+// it requires robust kernels; otherwise an evaluation that another search's
+// policy made incorrect (reused: the same candidate text) is correct again.
+// Only RequireRobust's own mark is undone (a correct evaluation's message is
+// empty), never an evaluation that failed on its own.
+void ApplyRobustPolicy(Evaluation& e, bool require_robust);
 nlohmann::json RobustnessToJson(const Robustness& r);
 Robustness RobustnessFromJson(const nlohmann::json& j);
 StatusOr<Evaluation> EvaluationFromJson(const nlohmann::json& j);

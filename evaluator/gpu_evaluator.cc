@@ -136,6 +136,15 @@ Status GpuEvaluator::Setup() {
       params_.push_back({t.name, off, static_cast<uint64_t>(t.bytes())});
       off = AlignUp(off + t.bytes());
     }
+  // A shifted set whose transform changed parameters has its own copy of
+  // those (ReferenceSet::own_parameters); every other set shares params_.
+  set_params_.assign(sets, params_);
+  for (int s = 0; s < sets; ++s)
+    for (auto& slot : set_params_[s])
+      if (ref_.sets[s].OwnsParameter(slot.name)) {
+        slot.offset = off;
+        off = AlignUp(off + slot.bytes);
+      }
   inputs_end_ = off;
   outputs_.clear();
   for (const auto& t : sig.outputs) {
@@ -161,6 +170,10 @@ Status GpuEvaluator::Setup() {
     for (const auto& slot : set_inputs_[s])
       KS_RETURN_IF_ERROR(FillTensor(s, slot.name, arena_.get() + slot.offset, slot.bytes));
   for (const auto& slot : params_) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, arena_.get() + slot.offset, slot.bytes));
+  for (int s = 0; s < sets; ++s)
+    for (const auto& slot : set_params_[s])
+      if (ref_.sets[s].OwnsParameter(slot.name))
+        KS_RETURN_IF_ERROR(FillTensor(s, slot.name, arena_.get() + slot.offset, slot.bytes));
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(pristine_.get(), arena_.get(), inputs_end_), "cuMemcpyDtoD"));
   for (auto& o : outputs_)
     for (int s = 0; s < sets; ++s) {
@@ -227,7 +240,7 @@ std::vector<uint64_t> GpuEvaluator::ArenaOffsets(const std::string& name) const 
   for (size_t s = 0; s < set_inputs_.size(); ++s) {
     uint64_t off = 0;
     for (const auto& slot : set_inputs_[s]) if (slot.name == name) off = slot.offset;
-    for (const auto& slot : params_) if (slot.name == name) off = slot.offset;
+    for (const auto& slot : set_params_[s]) if (slot.name == name) off = slot.offset;
     for (const auto& o : outputs_) if (o.spec->name == name) off = o.offset;
     offs.push_back(off);
   }

@@ -31,7 +31,8 @@
 //  - alignment padding after each output: part of the guard region that
 //    follows it (filled with 0xCD), checked after every run;
 //  - guard before the first buffer: checked after every run;
-//  - inputs and parameters of the set in use, their padding included: compared
+//  - inputs and parameters of the set in use (a shifted set's own parameter
+//    copies included), their padding included: compared
 //    with a pristine copy after every run, restored if changed; every input
 //    set after the candidate's last run (another set's buffers);
 //  - scratch: refilled with junk (NaN words, tail bytes included) before each
@@ -326,7 +327,9 @@ class GpuEvaluator : public CandidateEvaluator {
   std::map<std::string, IpcMapping> resident_maps_;  // by IPC handle: the resident bridge's allocations
   uint64_t inputs_end_ = 0;
   std::vector<std::vector<TensorSlot>> set_inputs_;  // per set
-  std::vector<TensorSlot> params_;
+  std::vector<TensorSlot> params_;  // shared by every set
+  // Per set: params_, where the set has its own copy (ReferenceSet::own_parameters) at that copy's offset.
+  std::vector<std::vector<TensorSlot>> set_params_;
   std::vector<OutputSlot> outputs_;
   std::string ipc_handle_;
   ChildProcess worker_;

@@ -285,7 +285,7 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
   // corrupting the data later runs are checked on).
   std::vector<const TensorSlot*> slots;
   for (const auto& s : set_inputs_[set]) slots.push_back(&s);
-  for (const auto& s : params_) slots.push_back(&s);
+  for (const auto& s : set_params_[set]) slots.push_back(&s);
   // A modified input is named first even when outputs are also wrong: it is
   // the cause, and which symptom shows depends on how the candidate's blocks race.
   bool input_named = false;

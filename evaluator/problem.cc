@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
@@ -44,6 +45,28 @@ std::string DefaultReferenceCacheDir() {
 }
 
 namespace bridge_internal {
+
+std::vector<std::string> StringList(const json& j, const char* key) {
+  std::vector<std::string> out;
+  if (const json* list = FieldIf(j, key, &json::is_array))
+    for (const auto& v : *list)
+      if (v.is_string()) out.push_back(v.get<std::string>());
+  return out;
+}
+
+Status CheckOwnParameters(const Signature& sig, const ReferenceSet& set, const std::string& where) {
+  std::set<std::string> seen;
+  for (const std::string& name : set.own_parameters) {
+    bool known = false;
+    for (const auto& p : sig.parameters) known = known || (p.name == name && !p.is_scalar);
+    if (!known || !seen.insert(name).second)
+      return InvalidArgument(where + ": set with seed " + std::to_string(set.seed) + " names '" + name +
+                             "' as its own parameter, which is not a tensor parameter of the signature (or twice)");
+  }
+  if (!set.own_parameters.empty() && set.transform.empty())
+    return InvalidArgument(where + ": a get_inputs() set with parameters of its own");
+  return Status::Ok();
+}
 
 StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& where) {
   if (!j.is_object() || !j.contains("signature") || !j.contains("sets") || !j["sets"].is_array())
@@ -93,6 +116,7 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
       if (const json* f = FieldIf(t, "reference_error", &json::is_object))
         for (const auto& [name, e] : f->items())
           if (e.is_object()) x.reference_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0)};
+      x.parameters = StringList(t, "parameters");
       d.transforms.push_back(std::move(x));
     }
   return d;
@@ -140,6 +164,8 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, set.files, set.seed, manifest_path));
     set.transform = s.value("transform", "");
+    set.own_parameters = StringList(s, "parameters");
+    KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, manifest_path));
     d.sets.push_back(std::move(set));
   }
   if (d.sets.empty()) return InvalidArgument(manifest_path + ": no input sets");

@@ -148,6 +148,16 @@ struct ReferenceSet {
   // (evaluator/reference/transforms.py: "scale_up", "scale_down",
   // "sign_flip", "outliers"). These sets come after every get_inputs() set.
   std::string transform;
+  // The parameters this set has its own copy of (a shifted set whose
+  // transform changed the model's float32 parameters too); every other
+  // parameter is the one all sets share. The evaluator gives these their
+  // own arena buffers for runs on this set.
+  std::vector<std::string> own_parameters;
+  bool OwnsParameter(const std::string& name) const {
+    for (const auto& p : own_parameters)
+      if (p == name) return true;
+    return false;
+  }
 };
 
 // One distribution shift of the inputs (evaluator/reference/transforms.py) as
@@ -161,6 +171,9 @@ struct InputTransform {
   // PyTorch's own float32 rounding on this set, by output, where measured
   // (as Signature::reference_error for set 0): a shifted set rounds otherwise.
   std::map<std::string, ReferenceError> reference_error;
+  // The parameters it changed as well (ReferenceSet::own_parameters); empty
+  // when they were kept, and the note says why.
+  std::vector<std::string> parameters;
 };
 
 // A complete reference directory, read back from its manifest.json. Plain data;

@@ -65,13 +65,21 @@ struct SetFit {
 // layout): the arena (every set's inputs, parameters, outputs) and the pristine
 // copy (inputs and parameters again), plus one reference copy of the outputs per set.
 // (A resident reference's rule is fit_resident in bridge.py, which decides it.)
-SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget) {
-  uint64_t in = 0, params = 0, out = 0;
+// `shifted` of the `asked` sets are distribution-shifted ones, taken last (as
+// PrepareReference shares the room): each may carry its own copy of the
+// float32 parameters (transforms.py), on disk and twice in the arena.
+SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_available, uint64_t device_budget,
+               int shifted = 0) {
+  uint64_t in = 0, params = 0, out = 0, own = 0;
   for (const auto& t : sig.inputs) if (!t.is_scalar) in += t.bytes();
   for (const auto& t : sig.parameters) if (!t.is_scalar) params += t.bytes();
+  for (const auto& t : sig.parameters)
+    if (!t.is_scalar && (t.dtype == DType::kFloat32 || t.dtype == DType::kFloat64)) own += t.bytes();
   for (const auto& t : sig.outputs) if (!t.is_scalar) out += t.bytes();
-  auto disk = [&](int k) { return params + uint64_t(k) * (in + out); };
-  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out); };
+  const int judging = asked - shifted;
+  auto shifted_in = [&](int k) -> uint64_t { return std::clamp(k - std::max(std::min(judging, 2), k - shifted), 0, shifted); };
+  auto disk = [&](int k) { return params + uint64_t(k) * (in + out) + shifted_in(k) * own; };
+  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out) + 2 * shifted_in(k) * own; };
   const uint64_t disk_limit = std::min(cap, disk_available);
   SetFit f;
   for (int k = asked; k >= 1; --k) {
@@ -324,7 +332,7 @@ StatusOr<EntryFit> FitEntry(const std::string& file, const Signature& sig, const
   // short, judging sets beyond two make way for them (a problem at KernelBench's
   // sizes otherwise keeps none, and those are the problems users export).
   const int shifted_max = opts.shape_variant >= 0 ? 0 : kTransformSets;  // none at another shape
-  const SetFit all = FitSets(sig, opts.sets + shifted_max, place.cap, room, opts.device_budget);
+  const SetFit all = FitSets(sig, opts.sets + shifted_max, place.cap, room, opts.device_budget, shifted_max);
   EntryFit e;
   e.fit = plain;
   e.fit.sets = std::min(opts.sets, std::max(std::min(opts.sets, 2), all.sets - shifted_max));

@@ -352,7 +352,7 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
     KS_ASSIGN_OR_RETURN(auto earlier, store_->FindEvaluatedByHash(search_.problem_id, hash));
     if (earlier) {
       KS_ASSIGN_OR_RETURN(Evaluation e, StoredEvaluation(*earlier));
-      if (config_.require_robust) RequireRobust(e);
+      ApplyRobustPolicy(e, config_.require_robust);
       for (const CandidateRow* c : group) {
         KS_RETURN_IF_ERROR(store_->PutEvaluation(c->id, e, earlier->id));
         Evaluated(c->round, c->id, e, true);
@@ -373,7 +373,7 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
     for (size_t i = 0; i < batch.size(); ++i) {
       const auto& group = groups[batch_hashes[i]];
       Evaluation e = (*results)[i];
-      if (config_.require_robust) RequireRobust(e);
+      ApplyRobustPolicy(e, config_.require_robust);
       int64_t first = group.front()->id;
       for (const CandidateRow* c : group) {
         std::optional<int64_t> from;

@@ -146,4 +146,11 @@ StatusOr<SearchConfig> LoadSearchConfigFile(const std::string& path, const Searc
   return c;
 }
 
+void ApplySearchPolicy(const std::string& config_json, Evaluation& evaluation) {
+  auto j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return;
+  auto config = SearchConfigFromJson(j);
+  if (config.ok()) ApplyRobustPolicy(evaluation, config->require_robust);
+}
+
 }  // namespace ks

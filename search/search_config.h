@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "evaluator/evaluation.h"
 #include "search/prompts.h"
 
 namespace ks {
@@ -81,6 +82,11 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c);
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j);
 // Reads a JSON config file (comments not allowed) over `base`.
 StatusOr<SearchConfig> LoadSearchConfigFile(const std::string& path, const SearchConfig& base);
+
+// The search's policy on an evaluation stored for it (store::LineageStore::
+// SetEvaluationPolicy: a GPU worker's report, a twin's copy): --require
+// robust (ApplyRobustPolicy). A config that does not parse leaves it as is.
+void ApplySearchPolicy(const std::string& config_json, Evaluation& evaluation);
 
 nlohmann::json GpuFactsToJson(const GpuFacts& g);
 GpuFacts GpuFactsFromJson(const nlohmann::json& j);

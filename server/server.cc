@@ -11,6 +11,7 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include "common/files.h"
+#include "search/search_config.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/service.h"
@@ -56,6 +57,8 @@ Status Serve(const ServerOptions& o, const PartsFactory& make_parts) {
                            " beyond loopback needs --tls-cert/--tls-key (the token would travel in clear text)");
   if (o.db_path.empty()) return InvalidArgument("no lineage store path (--db)");
   KS_ASSIGN_OR_RETURN(std::unique_ptr<store::LineageStore> store, store::LineageStore::Open(o.db_path));
+  // GPU workers report evaluations here: each is stored under its search's policy (--require robust).
+  store->SetEvaluationPolicy(ApplySearchPolicy);
   KS_ASSIGN_OR_RETURN(ServerParts parts, make_parts(store.get()));
 
   WatchHub hub(store.get(), o.limits.max_watchers,

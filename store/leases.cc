@@ -18,7 +18,28 @@ using namespace internal;  // NOLINT: Stmt, Transaction, the readers and column 
 
 // ---- GPU worker leases (issue 13) ----
 
+StatusOr<Evaluation> LineageStore::WithPolicyLocked(int64_t candidate_id, Evaluation evaluation) {
+  if (!policy_) return evaluation;
+  KS_STMT(q, "SELECT s.config_json FROM candidates c JOIN searches s ON s.id = c.search_id WHERE c.id = ?");
+  q.Bind(1, candidate_id);
+  KS_ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return NotFound("no candidate with id " + std::to_string(candidate_id));
+  policy_(q.Text(0), evaluation);
+  return evaluation;
+}
+
 Status LineageStore::CopyEvaluationLocked(int64_t to_candidate, int64_t from_candidate) {
+  if (policy_) {
+    // Another search's candidate may have been stored under another policy.
+    KS_STMT(q, "SELECT evaluation_json FROM evaluations WHERE candidate_id = ?");
+    q.Bind(1, from_candidate);
+    KS_ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return Internal("candidate " + std::to_string(from_candidate) + " has no evaluation to copy");
+    nlohmann::json j = nlohmann::json::parse(q.Text(0), nullptr, /*allow_exceptions=*/false);
+    KS_ASSIGN_OR_RETURN(Evaluation stored, EvaluationFromJson(j));
+    KS_ASSIGN_OR_RETURN(Evaluation e, WithPolicyLocked(to_candidate, std::move(stored)));
+    return PutEvaluationLocked(to_candidate, e, from_candidate);
+  }
   KS_STMT(ins, "INSERT INTO evaluations (candidate_id, status, evaluation_json, median_ms, speedup_eager, "
                "speedup_compile, reused_from) SELECT ?1, status, evaluation_json, median_ms, speedup_eager, "
                "speedup_compile, ?2 FROM evaluations WHERE candidate_id = ?2");
@@ -140,7 +161,8 @@ StatusOr<LineageStore::LeaseCompletion> LineageStore::CompleteLease(int64_t cand
     search_id = q.Int(1);
     hash = q.Text(2);
   }
-  KS_RETURN_IF_ERROR(PutEvaluationLocked(candidate_id, evaluation, std::nullopt));  // ends the lease
+  KS_ASSIGN_OR_RETURN(Evaluation e, WithPolicyLocked(candidate_id, evaluation));
+  KS_RETURN_IF_ERROR(PutEvaluationLocked(candidate_id, e, std::nullopt));  // ends the lease
   std::vector<int64_t> searches = {search_id};
   std::vector<std::pair<int64_t, int64_t>> twins;  // (candidate, search)
   {

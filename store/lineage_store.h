@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -211,6 +212,15 @@ class LineageStore {
   LineageStore& operator=(const LineageStore&) = delete;
 
   const std::string& path() const { return path_; }
+
+  // How an evaluation reported by a GPU worker (CompleteLease) or handed to a
+  // twin candidate (the same text, evaluated before) is stored for the
+  // candidate's search: the search's own policy, from its config JSON
+  // (search/search_config.h ApplySearchPolicy; the store does not know the
+  // config). Called with the store's lock held: it must not use the store.
+  // Unset: stored as reported.
+  using EvaluationPolicy = std::function<void(const std::string& search_config_json, Evaluation& evaluation)>;
+  void SetEvaluationPolicy(EvaluationPolicy policy) { policy_ = std::move(policy); }
   StatusOr<int> SchemaVersion();
 
   // Problems: one row per distinct source text (by SHA-256); the existing id when
@@ -347,6 +357,9 @@ class LineageStore {
 
   const std::string path_;
   std::mutex mu_;  // guards every use of db_
+  EvaluationPolicy policy_;
+  // evaluation under policy_ for candidate_id's search (a copy when no policy).
+  StatusOr<Evaluation> WithPolicyLocked(int64_t candidate_id, Evaluation evaluation);
   SqliteDbPtr db_;
 };
 

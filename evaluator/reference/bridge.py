@@ -141,7 +141,8 @@ def cmd_reference(problem, args):
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
             # The distribution-shifted sets share the room: where it is short,
             # judging sets beyond two make way for them (PrepareReference's rule).
-            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget)
+            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget,
+                                          args.transform_sets)
             sets = min(args.sets, max(min(args.sets, 2), total - args.transform_sets))
             room = max(0, min(args.transform_sets, total - sets))
             if sets < args.sets:

@@ -1,23 +1,31 @@
 """Distribution-shifted input sets (the bridge's part of issue 27).
 
 get_inputs() draws every judging set from one distribution (often values in
-[0, 1) or a unit normal). A kernel can be exact there and wrong for the inputs
-a user's model feeds it: fp32 values split into two fp16 halves lose their
-low half below fp16's normal range and overflow above 65,504; an exp without
-the max subtracted overflows for large logits. So besides the get_inputs()
-sets the bridge makes one set per transform of input set 0: its floating-point
-input tensors transformed as named below, integer and bool inputs, scalars and
-parameters as they are (parameters live once in the evaluator's arena, shared
-by every set). The reference of each is PyTorch's own output on the
-transformed inputs. A transform whose reference is not finite where set 0's
-was (the operator's domain: log of a negated input), or whose forward raises
-(binary_cross_entropy of inputs above 1), is dropped for that problem, with a
-note. A candidate that fails one of these sets but passes every get_inputs()
-set is still correct, and marked specialised with the first transform that
-broke it (evaluator/gpu_evaluator.cc).
+[0, 1) or a unit normal), and the model's parameters come from one
+initialisation. A kernel can be exact there and wrong for the inputs and
+weights a user's model feeds it: fp32 values split into two fp16 halves lose
+their low half below fp16's normal range and overflow above 65,504; an exp
+without the max subtracted overflows for large logits. So besides the
+get_inputs() sets the bridge makes one set per transform of input set 0: its
+floating-point input tensors transformed as named below, and the model's
+float32 parameters (nn.Parameter, not buffers such as running statistics) by
+the same transform; integer and bool inputs, scalars, buffers and half
+precision parameters stay as they are. The set carries its own copy of the
+parameters it changed (the evaluator gives that set its own parameter
+buffers). The reference of each is PyTorch's own output on the transformed
+inputs and parameters. Where that output is not finite, or forward raises,
+with the parameters transformed, the set is made again with the inputs alone
+(parameters kept, with a note); where it still is not finite where set 0's
+was (the operator's domain: log of a negated input), or forward raises
+(binary_cross_entropy of inputs above 1), the transform is dropped for that
+problem, with a note. A candidate that fails one of these sets but passes
+every get_inputs() set is still correct, and marked specialised with the first
+transform that broke it (evaluator/gpu_evaluator_robust.cc).
 
 A problem narrows or switches them off with INPUT_TRANSFORMS, a list of the
-names below (the empty list: none). The default is all of them.
+names below (the empty list: none); the default is all of them. The
+parameters follow the inputs unless the problem says PARAMETER_TRANSFORMS, a
+list of names as well ([]: parameters are never transformed).
 """
 
 import math
@@ -46,15 +54,15 @@ DESCRIPTIONS = {
 }
 
 
-def check_metadata(value):
-    """None when INPUT_TRANSFORMS is well formed, else what is wrong with it."""
+def check_metadata(value, what="INPUT_TRANSFORMS"):
+    """None when INPUT_TRANSFORMS (or PARAMETER_TRANSFORMS) is well formed, else what is wrong with it."""
     if not isinstance(value, (list, tuple)) or any(not isinstance(v, str) for v in value):
-        return "INPUT_TRANSFORMS must be a list of transform names (%s), or [] for none; got %r" % (
-            ", ".join(TRANSFORMS), value)
+        return "%s must be a list of transform names (%s), or [] for none; got %r" % (
+            what, ", ".join(TRANSFORMS), value)
     unknown = [v for v in value if v not in TRANSFORMS]
     if unknown:
-        return "INPUT_TRANSFORMS names unknown transform(s) %s; known: %s" % (
-            ", ".join(repr(u) for u in unknown), ", ".join(TRANSFORMS))
+        return "%s names unknown transform(s) %s; known: %s" % (
+            what, ", ".join(repr(u) for u in unknown), ", ".join(TRANSFORMS))
     return None
 
 
@@ -63,6 +71,15 @@ def chosen(module):
     value = getattr(module, "INPUT_TRANSFORMS", None)
     if value is None:
         return list(TRANSFORMS)
+    return [t for t in TRANSFORMS if t in value]
+
+
+def parameters_chosen(module):
+    """The transforms that change the model's parameters too: PARAMETER_TRANSFORMS
+    where the problem says it, else every transform the inputs have."""
+    value = getattr(module, "PARAMETER_TRANSFORMS", None)
+    if value is None:
+        return chosen(module)
     return [t for t in TRANSFORMS if t in value]
 
 
@@ -93,40 +110,68 @@ def _absmax(t):
     return best if math.isfinite(best) else 0.0
 
 
+def _transform_tensor(name, v, seed, in_place):
+    """Tensor v under transform `name` (v itself when in_place, else a new tensor)."""
+    import torch
+    if name in ("scale_up", "scale_down"):
+        return v.mul_(_scale(name, v)) if in_place else v * _scale(name, v)
+    if name == "sign_flip":
+        return v.neg_() if in_place else -v
+    if name == "outliers":
+        t = v.detach() if in_place and v.is_contiguous() else v.detach().clone().contiguous()
+        flat = t.reshape(-1)
+        n = flat.numel()
+        if n:
+            count = max(1, n // OUTLIER_EVERY)
+            g = torch.Generator()
+            g.manual_seed(seed)
+            idx = torch.randint(0, n, (count,), generator=g).to(flat.device)
+            big = OUTLIER_FACTOR * (_absmax(t) or 1.0)
+            finfo = torch.finfo(t.dtype)
+            big = min(big, finfo.max / 4)  # an outlier, not an infinity
+            values = torch.full((count,), big, dtype=t.dtype, device=flat.device)
+            values[flat[idx] < 0] = -big
+            flat[idx] = values
+        return t
+    raise ValueError("unknown transform %r" % name)
+
+
 def apply(name, inputs, seed, in_place=False):
     """A new list: `inputs` (forward's arguments) with transform `name` applied
     to every floating-point tensor. Deterministic in (inputs, seed): the outlier
     positions come from a CPU generator seeded with `seed`. `in_place`: the
     tensors themselves are changed (no second copy of a multi-GB input)."""
+    return [_transform_tensor(name, v, seed * 1000 + k, in_place) if _floating(v) else v
+            for k, v in enumerate(inputs)]
+
+
+# Parameters of these dtypes are transformed: a half-precision weight scaled
+# by 1e-3 falls into fp16's subnormal range, where PyTorch's own rounding is
+# as coarse as the error the check looks for.
+_PARAMETER_DTYPES = ("torch.float32", "torch.float64")
+
+
+def transformable_parameters(model):
+    """Names of the model's parameters a transform changes: float32 and float64
+    nn.Parameters, in named_parameters() order (buffers, such as BatchNorm's running
+    statistics, describe the data and stay as they are)."""
+    return [k for k, p in model.named_parameters() if str(p.dtype) in _PARAMETER_DTYPES and p.numel() > 0]
+
+
+def apply_to_parameters(name, model, seed):
+    """Transforms the model's transformable parameters in place (after the
+    caller restored them): deterministic in (parameters, seed). Returns their
+    names."""
     import torch
-    out = []
-    for k, v in enumerate(inputs):
-        if not _floating(v):
-            out.append(v)
-            continue
-        if name in ("scale_up", "scale_down"):
-            out.append(v.mul_(_scale(name, v)) if in_place else v * _scale(name, v))
-        elif name == "sign_flip":
-            out.append(v.neg_() if in_place else -v)
-        elif name == "outliers":
-            t = v.detach() if in_place and v.is_contiguous() else v.detach().clone().contiguous()
-            flat = t.reshape(-1)
-            n = flat.numel()
-            if n:
-                count = max(1, n // OUTLIER_EVERY)
-                g = torch.Generator()
-                g.manual_seed(seed * 1000 + k)
-                idx = torch.randint(0, n, (count,), generator=g).to(flat.device)
-                big = OUTLIER_FACTOR * (_absmax(t) or 1.0)
-                finfo = torch.finfo(t.dtype)
-                big = min(big, finfo.max / 4)  # an outlier, not an infinity
-                values = torch.full((count,), big, dtype=t.dtype, device=flat.device)
-                values[flat[idx] < 0] = -big
-                flat[idx] = values
-            out.append(t)
-        else:
-            raise ValueError("unknown transform %r" % name)
-    return out
+    names = transformable_parameters(model)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for k, pname in enumerate(names):
+            p = params[pname].data
+            t = _transform_tensor(name, p, seed * 1000 + 500 + k, in_place=True)
+            if t.data_ptr() != p.data_ptr():  # a non-contiguous parameter's outliers: made in a copy
+                p.copy_(t)
+    return names
 
 
 def nonfinite_count(t):

@@ -532,6 +532,38 @@ TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
   for (const auto& t : none->transforms) EXPECT_EQ(t.set, -1);
 }
 
+TEST(ShiftedSetsTest, AShiftedSetCarriesItsOwnTransformedWeights) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  auto d = PrepareReference(Fixture("linear_weights.py"), CpuOptions(cache.path()));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  ASSERT_EQ(d->sets.size(), 6u);
+  for (int s = 0; s < d->JudgingSets(); ++s) EXPECT_TRUE(d->sets[s].own_parameters.empty());
+  for (const auto& t : d->transforms) {
+    ASSERT_GE(t.set, 2) << t.name << ": " << t.note;
+    EXPECT_EQ(t.parameters, std::vector<std::string>{"weight"}) << t.name;
+    EXPECT_THAT(t.note, HasSubstr("parameters likewise (weight)"));
+    const ReferenceSet& set = d->sets[t.set];
+    EXPECT_TRUE(set.OwnsParameter("weight"));
+    EXPECT_NE(set.files.at("weight"), d->sets[0].files.at("weight")) << "its own file";
+  }
+  // scale_up's weights are set 0's x 1e5.
+  auto w0 = ReadFile(d->sets[0].files.at("weight")), w_up = ReadFile(d->sets[d->transforms[0].set].files.at("weight"));
+  ASSERT_TRUE(w0.ok() && w_up.ok());
+  ASSERT_EQ(w0->size(), w_up->size());
+  const float* a = reinterpret_cast<const float*>(w0->data());
+  const float* b = reinterpret_cast<const float*>(w_up->data());
+  for (size_t i = 0; i < w0->size() / 4; i += 97) EXPECT_FLOAT_EQ(b[i], a[i] * 1e5f) << i;
+
+  // PARAMETER_TRANSFORMS = []: the weights are every set's one copy.
+  const std::string inputs_only = cache.path() + "/linear_weights_inputs_only.py";
+  ASSERT_TRUE(WriteFile(inputs_only, *ReadFile(Fixture("linear_weights.py")) + "\nPARAMETER_TRANSFORMS = []\n").ok());
+  auto kept = PrepareReference(inputs_only, CpuOptions(cache.path()));
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  for (const auto& set : kept->sets) EXPECT_TRUE(set.own_parameters.empty());
+  for (const auto& t : kept->transforms) EXPECT_THAT(t.note, HasSubstr("PARAMETER_TRANSFORMS"));
+}
+
 TEST(ShapeVariantsTest, EachDeclaredShapeGetsAReferenceOfItsOwn) {
   REQUIRE_TORCH();
   TempDir cache;

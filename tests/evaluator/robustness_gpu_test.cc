@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "common/files.h"
 #include "tests/evaluator/gpu_test_util.h"
 
 namespace ks {
@@ -106,6 +107,74 @@ TEST(RobustnessGpuTest, AnHonestFp32GemmHoldsOnEveryTransform) {
     EXPECT_EQ(c->outcome, "held") << t << ": " << c->detail;
   }
   std::printf("honest fp32 GEMM: %s\n", e.robustness->Summary().c_str());
+}
+
+// The issue's kernel, on a weight: W pre-scaled by 32 and split into fp16
+// halves, x kept in fp32. Exact for nn.Linear's weights (|w| < 1/16), so it
+// holds on every transform of the inputs alone; W x 1e5 overflows fp16 and
+// W x 1e-5 falls into its subnormal range.
+constexpr const char* kSplitWeightLinear = R"CUDA(
+#include <cuda_fp16.h>
+extern "C" __global__ void linear_split(const float* __restrict__ x, const float* __restrict__ w,
+                                        float* __restrict__ out, int m, int k, int n) {
+  int row = blockIdx.y * 16 + threadIdx.y, col = blockIdx.x * 16 + threadIdx.x;
+  if (row >= m || col >= n) return;
+  float acc = 0.f;
+  for (int i = 0; i < k; ++i) {
+    float ws = w[(size_t)col * k + i] * 32.f;
+    __half hi = __float2half_rn(ws), lo = __float2half_rn(ws - __half2float(hi));
+    acc = fmaf(x[(size_t)row * k + i], __half2float(hi) + __half2float(lo), acc);
+  }
+  out[(size_t)row * n + col] = acc * (1.f / 32.f);
+}
+)CUDA";
+
+constexpr const char* kHonestLinear = R"CUDA(
+extern "C" __global__ void linear_fp32(const float* __restrict__ x, const float* __restrict__ w,
+                                       float* __restrict__ out, int m, int k, int n) {
+  int row = blockIdx.y * 16 + threadIdx.y, col = blockIdx.x * 16 + threadIdx.x;
+  if (row >= m || col >= n) return;
+  float acc = 0.f;
+  for (int i = 0; i < k; ++i) acc = fmaf(x[(size_t)row * k + i], w[(size_t)col * k + i], acc);
+  out[(size_t)row * n + col] = acc;
+}
+)CUDA";
+
+std::string LinearPlan(const char* kernel) {
+  return std::string(R"P({"launches": [{"kernel": ")P") + kernel +
+         R"P(", "grid": ["cdiv(weight.shape[0], 16)", "cdiv(x.shape[0], 16)"], "block": [16, 16], )P"
+         R"P("args": ["x", "weight", "out", "x.shape[0]", "x.shape[1]", "weight.shape[0]"]}]})P";
+}
+
+TEST(RobustnessGpuTest, TheShiftedSetsTransformTheWeightsTooInBuffersOfTheirOwn) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(CpuFixture("linear_weights.py"));
+  ASSERT_NE(ev, nullptr);
+  Evaluation split = EvalOne(ev, kSplitWeightLinear, LinearPlan("linear_split"));
+  ASSERT_EQ(split.status, EvalStatus::kCorrect) << split.message;
+  ASSERT_TRUE(split.robustness.has_value());
+  EXPECT_TRUE(split.specialised());
+  EXPECT_EQ(split.robustness->broken_by, "scale_up") << split.robustness->Summary();
+  EXPECT_THAT(Find(*split.robustness, "scale_up")->detail, HasSubstr("parameters likewise (weight)"));
+  EXPECT_EQ(Find(*split.robustness, "scale_down")->outcome, "broke");
+  std::printf("fp16-split weights: %s\n", split.robustness->Summary().c_str());
+  for (const auto& c : split.robustness->checks)
+    std::printf("  %-10s %-11s %s\n", c.check.c_str(), c.outcome.c_str(), c.detail.substr(0, 200).c_str());
+  // The honest kernel reads each set's own weights: it holds on all four.
+  Evaluation honest = EvalOne(ev, kHonestLinear, LinearPlan("linear_fp32"));
+  ASSERT_EQ(honest.status, EvalStatus::kCorrect) << honest.message;
+  EXPECT_FALSE(honest.specialised()) << honest.robustness->Summary();
+  for (const char* t : {"scale_up", "scale_down", "sign_flip", "outliers"})
+    EXPECT_EQ(Find(*honest.robustness, t)->outcome, "held") << t << ": " << Find(*honest.robustness, t)->detail;
+  // With the weights left as they are (PARAMETER_TRANSFORMS = []), the split kernel holds:
+  // it was the weights' transform that broke it.
+  const std::string kept_file = ::testing::TempDir() + "linear_weights_inputs_only.py";
+  ASSERT_TRUE(WriteFile(kept_file, *ReadFile(CpuFixture("linear_weights.py")) + "\nPARAMETER_TRANSFORMS = []\n").ok());
+  GpuEvaluator* inputs_only = EvaluatorFor(kept_file);
+  ASSERT_NE(inputs_only, nullptr);
+  Evaluation kept = EvalOne(inputs_only, kSplitWeightLinear, LinearPlan("linear_split"));
+  ASSERT_EQ(kept.status, EvalStatus::kCorrect) << kept.message;
+  EXPECT_FALSE(kept.specialised()) << kept.robustness->Summary();
 }
 
 constexpr const char* kLog = R"CUDA(

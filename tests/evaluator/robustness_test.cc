@@ -88,6 +88,23 @@ TEST(RobustnessTest, RequireRobustFailsOnlyASpecialisedCorrectKernel) {
   EXPECT_EQ(wrong.message, "output 'out', input set 1: 3 of 9 elements wrong");
 }
 
+TEST(RobustnessTest, ASearchWithoutTheRequirementUndoesOnlyItsMark) {
+  // An evaluation reused from a search that required robust kernels.
+  Evaluation e = SpecialisedGemm();
+  ApplyRobustPolicy(e, true);
+  ASSERT_EQ(e.status, EvalStatus::kIncorrect);
+  ApplyRobustPolicy(e, false);
+  EXPECT_EQ(e.status, EvalStatus::kCorrect);
+  EXPECT_EQ(e.message, "");
+  EXPECT_TRUE(e.specialised());
+  // One wrong on its own stays wrong.
+  Evaluation wrong = SpecialisedGemm();
+  wrong.status = EvalStatus::kIncorrect;
+  wrong.message = "output 'out', input set 1: 3 of 9 elements wrong";
+  ApplyRobustPolicy(wrong, false);
+  EXPECT_EQ(wrong.status, EvalStatus::kIncorrect);
+}
+
 TEST(RobustnessTest, AShiftedSetsToleranceFollowsItsScaleAndItsOwnRounding) {
   const Tolerance base = DefaultTolerance(DType::kFloat32);
   const Tolerance set0 = WidenForRounding(base, ReferenceError{1e-3, 2e-6});

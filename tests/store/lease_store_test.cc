@@ -152,6 +152,40 @@ TEST_F(LeaseStoreTest, IdenticalCandidatesAreEvaluatedOnce) {
   EXPECT_EQ(store_->GetCandidate(d)->evaluation->reused_from, a);
 }
 
+TEST_F(LeaseStoreTest, EachSearchStoresAWorkersReportUnderItsOwnRobustPolicy) {
+  // serve --evaluator workers: the server sets the search policy on its store.
+  store_->SetEvaluationPolicy(ApplySearchPolicy);
+  SearchConfig strict_config;
+  strict_config.require_robust = true;
+  int64_t strict = *store_->CreateSearch(problem_, SearchConfigToJson(strict_config).dump());
+  int64_t a = AddCandidate("split-fp16 gemm", strict), b = AddCandidate("split-fp16 gemm");
+  auto l = store_->LeaseCandidates("w1", 5, 10, 1000);
+  ASSERT_EQ(l->size(), 1u);
+  ASSERT_EQ((*l)[0].candidate.id, a);
+  // The worker's report: correct on get_inputs(), broken by a shifted set.
+  Evaluation specialised = Correct(0.5);
+  specialised.robustness = Robustness{};
+  specialised.robustness->checks = {{"get_inputs", "held", "3 input sets"},
+                                    {"scale_up", "broke", "x 1e5: relative norm 1 over 1e-5"}};
+  specialised.robustness->broken_by = "scale_up";
+  ASSERT_TRUE(store_->CompleteLease(a, (*l)[0].lease_id, specialised, 1001).ok());
+  auto strict_row = store_->GetCandidate(a);
+  EXPECT_EQ(strict_row->evaluation->status, EvalStatus::kIncorrect) << "--require robust: specialised is incorrect";
+  EXPECT_NE(strict_row->evaluation->evaluation_json.find("robust kernels required"), std::string::npos);
+  auto lenient_row = store_->GetCandidate(b);
+  EXPECT_EQ(lenient_row->evaluation->status, EvalStatus::kCorrect) << "the twin's search does not require robust";
+  EXPECT_EQ(lenient_row->evaluation->reused_from, a);
+  EXPECT_NE(lenient_row->evaluation->evaluation_json.find("\"broken_by\":\"scale_up\""), std::string::npos);
+  // Copied at lease time from the strict search's (incorrect) row: each under its own policy again.
+  int64_t c = AddCandidate("split-fp16 gemm"), d = AddCandidate("split-fp16 gemm", strict);
+  EXPECT_TRUE(store_->LeaseCandidates("w1", 5, 10, 1002)->empty());
+  EXPECT_EQ(store_->GetCandidate(c)->evaluation->status, EvalStatus::kCorrect);
+  EXPECT_EQ(store_->GetCandidate(d)->evaluation->status, EvalStatus::kIncorrect);
+  auto best = store_->BestCorrect(strict);
+  ASSERT_TRUE(best.ok());
+  EXPECT_FALSE(best->has_value()) << "the strict search has no correct kernel";
+}
+
 TEST_F(LeaseStoreTest, EvaluatedElsewhereWhileLeasedRefusesTheLateReport) {
   int64_t a = AddCandidate("a");
   auto l = store_->LeaseCandidates("w1", 1, 60, 1000);

@@ -124,11 +124,12 @@ class Problem:
         if variants is not None and not callable(variants):
             raise self.fail("bad_metadata", "get_inputs_variants is not a function (it returns a list of input lists, "
                             "each like get_inputs()'s at other shapes)")
-        if getattr(m, "INPUT_TRANSFORMS", None) is not None:
-            import transforms
-            why = transforms.check_metadata(m.INPUT_TRANSFORMS)
-            if why:
-                raise self.fail("bad_metadata", why)
+        for what in ("INPUT_TRANSFORMS", "PARAMETER_TRANSFORMS"):
+            if getattr(m, what, None) is not None:
+                import transforms
+                why = transforms.check_metadata(getattr(m, what), what)
+                if why:
+                    raise self.fail("bad_metadata", why)
 
     @property
     def tolerance(self):

@@ -391,6 +391,73 @@ class _ReferenceRun:
         }
 
 
+def _shifted_state(model, snapshot, name, seed, params_too):
+    """The model as a shifted set runs it: the pre-forward state, its float32
+    parameters transformed by `name` when params_too (transforms.py)."""
+    import transforms
+    _restore_state(model, snapshot)
+    if params_too:
+        transforms.apply_to_parameters(name, model, seed)
+
+
+def _shifted_forward(problem, model, inputs, sig_outputs, base_nonfinite):
+    """forward on a shifted set: (outputs, None), or (outputs or None, why the
+    set cannot judge: forward raised, other shapes, NaN/Inf where set 0 has none)."""
+    import transforms
+    try:
+        outputs = problem.forward(model, inputs)
+    except BridgeError as e:
+        return None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
+    if output_specs(problem, outputs) != sig_outputs:
+        return outputs, "forward() returns other output shapes or dtypes on these inputs"
+    for (oname, t) in outputs:
+        bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
+        if bad > before:
+            return outputs, ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has "
+                             "%d (outside the operator's domain or range)" % (oname, bad, before))
+    return outputs, None
+
+
+def _not_checked(name, wanted, no_floats, no_room):
+    """(note, tell the user) for a transform that gets no set here, or None."""
+    if name not in wanted:
+        return "not checked: the problem's INPUT_TRANSFORMS leaves it out", False
+    if no_floats:
+        return "not checked: the problem has no floating-point input tensor to transform", False
+    if no_room:
+        return ("not checked: no room for another input set (the cache cap, the free disk or the GPU's free "
+                "memory)"), True
+    return None
+
+
+def _keep_shifted_inputs(tensor_specs, inputs, resident, set_dir, index, files):
+    """A shifted set's tensor inputs: written (files[name] set), or kept
+    (resident) with their fingerprints. Returns ({name: kept tensor}, prints)."""
+    import torch
+    t_inputs, prints = {}, []
+    for spec, v in zip(tensor_specs, [v for v in inputs if isinstance(v, torch.Tensor)]):
+        if resident is not None:
+            t_inputs[spec["name"]] = v.contiguous()
+            prints.append(_fingerprint(t_inputs[spec["name"]]))
+        elif set_dir:
+            store_tensor(v, os.path.join(set_dir, spec["name"] + ".bin"))
+            files[spec["name"]] = "set%d/%s.bin" % (index, spec["name"])
+    return t_inputs, prints
+
+
+def _keep_shifted_tensors(named, keep, resident, set_dir, index, files):
+    """A shifted set's (name, tensor) pairs: written (files[name] set), or,
+    resident, kept as keep(tensor). Returns {name: kept tensor}."""
+    kept = {}
+    for name, t in named:
+        if resident is not None:
+            kept[name] = keep(t)
+        elif set_dir:
+            store_tensor(t, os.path.join(set_dir, name + ".bin"))
+            files[name] = "set%d/%s.bin" % (index, name)
+    return kept
+
+
 def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed, device, out_dir, resident, sets,
                          room, base_nonfinite, manifest_sets, files_params, notes, forward_s=0.0, peak_forward=0):
     """The distribution-shifted input sets (transforms.py), appended to
@@ -427,49 +494,40 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
     # A shifted set rounds differently from set 0 (outliers dominate a variance,
     # a scaled sum cancels otherwise): its own float64 run widens its tolerance.
     fp64_left = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    p_wanted = transforms.parameters_chosen(problem.module)
+    p_names = transforms.transformable_parameters(model)
     for name in transforms.TRANSFORMS:
-        if name not in wanted:
-            info.append({"name": name, "set": None, "note": "not checked: the problem's INPUT_TRANSFORMS leaves it out"})
-            continue
-        if no_floats:
-            info.append({"name": name, "set": None, "note": "not checked: the problem has no floating-point input "
-                         "tensor to transform"})
-            continue
-        if len(manifest_sets) - sets >= room:
-            note = ("not checked: no room for another input set (the cache cap, the free disk or the GPU's free "
-                    "memory)")
+        skipped = _not_checked(name, wanted, no_floats, len(manifest_sets) - sets >= room)
+        if skipped:
+            note, tell = skipped
             info.append({"name": name, "set": None, "note": note})
-            notes.add_plain("transform '%s' %s" % (name, note))
+            if tell:
+                notes.add_plain("transform '%s' %s" % (name, note))
             continue
         index = len(manifest_sets)
         inputs = fresh(name)
-        files, t_inputs, prints = dict(files_params), {}, []
+        files = dict(files_params)
         set_dir = os.path.join(out_dir, "set%d" % index) if out_dir is not None else None
         if set_dir:
             os.makedirs(set_dir, exist_ok=True)
-        for spec, v in zip(tensor_specs, [v for v in inputs if isinstance(v, torch.Tensor)]):
-            if resident is not None:
-                t_inputs[spec["name"]] = v.contiguous()
-                prints.append(_fingerprint(t_inputs[spec["name"]]))
-            elif set_dir:
-                store_tensor(v, os.path.join(set_dir, spec["name"] + ".bin"))
-                files[spec["name"]] = "set%d/%s.bin" % (index, spec["name"])
-        _restore_state(model, snapshot)
-        _seed_everything(set_seed)
-        why = None
-        try:
-            outputs = problem.forward(model, inputs)
-        except BridgeError as e:
-            outputs, why = None, "forward() raised on these inputs (%s)" % e.message.split(" raised ", 1)[-1][:300]
-        if outputs is not None and output_specs(problem, outputs) != sig_outputs:
-            why = "forward() returns other output shapes or dtypes on these inputs"
-        if why is None:
-            for (oname, t) in outputs:
-                bad, before = transforms.nonfinite_count(t), base_nonfinite.get(oname, 0)
-                if bad > before:
-                    why = ("PyTorch's output '%s' has %d NaN/Inf elements on these inputs where input set 0's has %d "
-                           "(outside the operator's domain or range)" % (oname, bad, before))
-                    break
+        t_inputs, prints = _keep_shifted_inputs(tensor_specs, inputs, resident, set_dir, index, files)
+        # The parameters change with the inputs where the problem has float32
+        # ones; where PyTorch's output is then not finite (or forward raises),
+        # the set is made again with the inputs alone.
+        tries = [True, False] if (name in p_wanted and p_names) else [False]
+        param_note = ("" if not p_names else "; parameters kept as they are: the problem's PARAMETER_TRANSFORMS "
+                      "leaves it out" if name not in p_wanted else "")
+        for params_too in tries:
+            if not params_too and tries[0]:
+                inputs = fresh(name)  # the first forward may have changed them in place
+            _shifted_state(model, snapshot, name, set_seed, params_too)
+            _seed_everything(set_seed)
+            outputs, why = _shifted_forward(problem, model, inputs, sig_outputs, base_nonfinite)
+            if why is None:
+                break
+            if params_too:
+                param_note = "; parameters kept as they are: with them transformed too, %s" % why
+                del outputs
         if why is not None:
             note = "dropped: %s" % why
             info.append({"name": name, "set": None, "note": note})
@@ -478,31 +536,38 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
                 import shutil
                 shutil.rmtree(set_dir, ignore_errors=True)
             del outputs
+            _restore_state(model, snapshot)
             continue
+        t_params = {}
+        if params_too:
+            # The set's own parameters, as forward saw them.
+            own = [(pname, v) for pname, v in model.state_dict().items() if pname in p_names]
+            t_params = _keep_shifted_tensors(own, lambda v: v.detach().clone(), resident, set_dir, index, files)
         rounding = {}
         if fp64_left > 0:
             t0 = time.monotonic()
-            _restore_state(model, snapshot)
+            _shifted_state(model, snapshot, name, set_seed, params_too)
             rounding, _ = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
                                            make_inputs=lambda: fresh(name), max_s=fp64_left)
-            _restore_state(model, snapshot)
             fp64_left -= time.monotonic() - t0
-        t_outputs = {}
-        for oname, t in outputs:
-            if resident is not None:
-                t_outputs[oname] = t.detach().contiguous()
-            elif set_dir:
-                store_tensor(t, os.path.join(set_dir, oname + ".bin"))
-                files[oname] = "set%d/%s.bin" % (index, oname)
+        _restore_state(model, snapshot)
+        t_outputs = _keep_shifted_tensors(outputs, lambda t: t.detach().contiguous(), resident, set_dir, index, files)
         del outputs
         if resident is not None:
             # forward changed an input in place: the transform is deterministic, so make it again.
             if [_fingerprint(t) for t in t_inputs.values()] != prints:
                 again = [v for v in fresh(name) if isinstance(v, torch.Tensor)]
                 t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
+            t_inputs.update(t_params)  # exported with the inputs, in place of the shared parameters
             kept.append((t_inputs, t_outputs))
-        manifest_sets.append({"seed": set_seed, "files": files, "transform": name})
-        info.append({"name": name, "set": index, "note": transforms.DESCRIPTIONS[name], "reference_error": rounding})
+        entry = {"seed": set_seed, "files": files, "transform": name}
+        note = transforms.DESCRIPTIONS[name]
+        if params_too:
+            entry["parameters"] = list(p_names)
+            note += "; the model's float32 parameters likewise (%s)" % ", ".join(p_names)
+        manifest_sets.append(entry)
+        info.append({"name": name, "set": index, "note": note + param_note, "reference_error": rounding,
+                     "parameters": list(p_names) if params_too else []})
     return info, kept
 
 

@@ -21,7 +21,7 @@ def _spec_bytes(specs):
     return total
 
 
-def fit_resident(sig, asked, budget):
+def fit_resident(sig, asked, budget, shifted=0):
     """How many input sets a resident reference may have on `budget` bytes of
     GPU memory (0 = no limit): the bridge keeps each set's inputs and outputs
     and the parameters twice (the model's and the pre-forward copy); the
@@ -29,10 +29,15 @@ def fit_resident(sig, asked, budget):
     arena one output; one more output is margin for what forward allocates.
     Returns (sets, why) with why naming the limit when sets < asked."""
     inp, out, par = _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"]), _spec_bytes(sig["parameters"])
+    # A distribution-shifted set (the last `shifted` of `asked`) may have its
+    # own float32 parameters (transforms.py): kept here, in the arena and its pristine copy.
+    own = _spec_bytes([p for p in sig["parameters"] if p.get("dtype") in ("float32", "float64")])
     per_set = 3 * inp + out
+    judging = asked - shifted
 
     def need(k):
-        return 4 * par + 2 * out + k * per_set
+        shifted_in = max(0, min(shifted, k - max(min(judging, 2), k - shifted)))
+        return 4 * par + 2 * out + k * per_set + 3 * own * shifted_in
 
     sets = 0
     for k in range(asked, 0, -1):

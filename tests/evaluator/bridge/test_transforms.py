@@ -86,3 +86,87 @@ def test_no_room_asked_for_means_no_shifted_sets(tmp_path):
     m = _reference(tmp_path, FIXTURES / "matmul.py", "--transform-sets", "1")
     assert [s.get("transform") for s in m["sets"]] == [None, None, "scale_up"]
     assert all("no room" in t["note"] for t in m["transforms"][1:])
+
+
+def _tensor(ref_dir, rel, like):
+    import numpy as np
+    data = np.fromfile(str(ref_dir / rel), dtype=np.float32)
+    return torch.from_numpy(data).reshape(like.shape)
+
+
+def test_parameters_are_transformed_with_the_inputs_in_a_set_of_their_own(tmp_path):
+    m = _reference(tmp_path, FIXTURES / "conv_params.py")
+    ref = tmp_path / "ref"
+    base = m["sets"][0]["files"]
+    by_name = {t["name"]: t for t in m["transforms"]}
+    for name in transforms.TRANSFORMS:
+        t = by_name[name]
+        assert sorted(t["parameters"]) == ["conv.bias", "conv.weight", "scale"], t
+        assert "parameters likewise" in t["note"]
+        s = m["sets"][t["set"]]
+        assert s["parameters"] == t["parameters"]
+        # The shifted set has its own files for the float32 parameters, the
+        # buffer ("shift") is the shared one.
+        for p in t["parameters"]:
+            assert s["files"][p] != base[p] and s["files"][p].startswith("set%d/" % t["set"])
+        assert s["files"]["shift"] == base["shift"]
+    # Scaled by exactly the transform's factor; the shared file unchanged.
+    w0 = _tensor(ref, base["conv.weight"], torch.empty(8, 3, 3, 3))
+    up = _tensor(ref, m["sets"][by_name["scale_up"]["set"]]["files"]["conv.weight"], w0)
+    assert torch.equal(up, w0 * 1e5)
+    flip = _tensor(ref, m["sets"][by_name["sign_flip"]["set"]]["files"]["scale"], torch.empty(8, 1, 1))
+    assert torch.equal(flip, -_tensor(ref, base["scale"], flip))
+    # The reference is PyTorch's output on the transformed inputs and parameters.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("conv_params", FIXTURES / "conv_params.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = mod.Model(3, 8, 3)
+    s = m["sets"][by_name["scale_down"]["set"]]
+    state = {"conv.weight": _tensor(ref, s["files"]["conv.weight"], w0),
+             "conv.bias": _tensor(ref, s["files"]["conv.bias"], torch.empty(8)),
+             "scale": _tensor(ref, s["files"]["scale"], torch.empty(8, 1, 1)),
+             "shift": _tensor(ref, s["files"]["shift"], torch.empty(8, 1, 1))}
+    model.load_state_dict(state)
+    x = _tensor(ref, s["files"]["x"], torch.empty(2, 3, 16, 16))
+    out_name = m["signature"]["outputs"][0]["name"]
+    want = _tensor(ref, s["files"][out_name], torch.empty(2, 8, 14, 14))
+    with torch.no_grad():
+        assert torch.allclose(model(x), want, rtol=1e-5, atol=1e-12)
+
+
+def test_parameters_kept_where_transforming_them_leaves_the_range_or_the_problem_says_so(tmp_path):
+    m = _reference(tmp_path, FIXTURES / "param_overflow.py")
+    by_name = {t["name"]: t for t in m["transforms"]}
+    # (x w)^4 with both x 1e5: 1e40 overflows float32; with x alone it does not.
+    up = by_name["scale_up"]
+    assert up["set"] is not None and up["parameters"] == []
+    assert "parameters kept as they are" in up["note"] and "NaN/Inf" in up["note"]
+    assert "parameters" not in m["sets"][up["set"]]
+    assert by_name["sign_flip"]["parameters"] == ["w"]
+    # conv_params.py with PARAMETER_TRANSFORMS = []: its parameters stay as they are.
+    inputs_only = tmp_path / "conv_params_inputs_only.py"
+    inputs_only.write_text((FIXTURES / "conv_params.py").read_text() + "\nPARAMETER_TRANSFORMS = []\n")
+    m2 = _reference(tmp_path / "b", inputs_only)
+    for t in m2["transforms"]:
+        assert t["set"] is not None and t["parameters"] == []
+        assert "PARAMETER_TRANSFORMS" in t["note"]
+    assert all("parameters" not in s for s in m2["sets"])
+
+
+def test_parameter_transforms_metadata():
+    assert "PARAMETER_TRANSFORMS" in transforms.check_metadata(["big"], "PARAMETER_TRANSFORMS")
+
+    class M:
+        INPUT_TRANSFORMS = ["scale_up", "sign_flip"]
+    assert transforms.parameters_chosen(M) == ["scale_up", "sign_flip"]  # follows the inputs
+
+    class N:
+        PARAMETER_TRANSFORMS = []
+    assert transforms.parameters_chosen(N) == [] and transforms.chosen(N) == list(transforms.TRANSFORMS)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    assert transforms.transformable_parameters(model) == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    w = model[0].weight.detach().clone()
+    running = model[1].running_var.clone()
+    transforms.apply_to_parameters("scale_up", model, 43)
+    assert torch.equal(model[0].weight.detach(), w * 1e5) and torch.equal(model[1].running_var, running)
