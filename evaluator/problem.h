@@ -238,7 +238,8 @@ struct ReferenceData {
 // ~/.cache/kernelsearch/reference.
 std::string DefaultReferenceCacheDir();
 
-// The reference for (problem bytes, sets, seed, device, bridge.py bytes, torch
+// The reference for (problem bytes, sets, seed, device, the bridge's bytes (bridge.py,
+// ks_bridge/, timing.py, transforms.py), torch
 // version): reused from the cache when a complete entry exists, otherwise
 // computed by the bridge into a temporary directory that is renamed into place.
 // An untimed request also reuses a timed entry.

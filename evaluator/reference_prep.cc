@@ -64,7 +64,7 @@ struct SetFit {
 // Disk: parameters once, inputs and outputs per set. Device (GpuEvaluator's
 // layout): the arena (every set's inputs, parameters, outputs) and the pristine
 // copy (inputs and parameters again), plus one reference copy of the outputs per set.
-// (A resident reference's rule is fit_resident in bridge.py, which decides it.)
+// (A resident reference's rule is fit_resident in reference/ks_bridge/resident.py, which decides it.)
 // `shifted` of the `asked` sets are distribution-shifted ones, taken last (as
 // PrepareReference shares the room): each may carry its own copy of the
 // float32 parameters (transforms.py), on disk and twice in the arena.
