@@ -1,5 +1,5 @@
 // The kernelsearch command line: each subcommand lives in its own cmd_*.cc and
-// registers itself here. The one place where Status becomes an exit code and a
+// registers itself here; the shared helpers are in cli.cc, main() in main.cc. The one place where Status becomes an exit code and a
 // message on stderr.
 #pragma once
 
@@ -27,6 +27,8 @@ using Action = std::function<int()>;
 
 // Registers `sub` so that its action runs when it was chosen on the command line.
 void SetAction(CLI::App* sub, Action action);
+// The action registered for `sub`, or null.
+const Action* FindAction(CLI::App* sub);
 
 // --cache-dir and --cache-cap: where the reference cache lives and how much it
 // may hold (evaluator/reference_cache.h). Empty = $KS_CACHE_DIR / $KS_CACHE_CAP

@@ -29,8 +29,7 @@ int RunCheck(const LlmFlags& flags) {
 }  // namespace
 
 void AddLlmOptions(CLI::App* sub, LlmFlags* f, bool require_model) {
-  auto* model = sub->add_option("--model", f->config.spec,
-                                "openai:MODEL[@BASE_URL], anthropic:MODEL[@BASE_URL], replay:FILE or command:CMD");
+  auto* model = sub->add_option("--model", f->config.spec, BackendSpecForms());
   if (require_model) model->required();
   sub->add_option("--role-model", f->role_models, "ROLE=SPEC: another model for one role (ideas, implement, repair)");
   sub->add_option("--key-env", f->config.api_key_env,

@@ -1,5 +1,7 @@
 #include "evaluator/evaluation.h"
 
+#include "common/json_field.h"
+
 namespace ks {
 
 namespace {
@@ -201,14 +203,13 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
     oe.large_share_cap = o.value("large_share_cap", 0.0);
     e.errors.push_back(oe);
   }
-  if (j.contains("timing") && j["timing"].is_object()) e.timing = TimingFromJson(j["timing"]);
-  if (j.contains("eager") && j["eager"].is_object()) e.eager = TimingFromJson(j["eager"]);
-  if (j.contains("compiled") && j["compiled"].is_object()) e.compiled = TimingFromJson(j["compiled"]);
-  if (j.contains("speedup_eager") && j["speedup_eager"].is_number()) e.speedup_eager = j["speedup_eager"].get<double>();
-  if (j.contains("speedup_compile") && j["speedup_compile"].is_number())
-    e.speedup_compile = j["speedup_compile"].get<double>();
-  if (j.contains("roofline") && j["roofline"].is_object()) {
-    const auto& r = j["roofline"];
+  if (const json* f = FieldIf(j, "timing", &json::is_object)) e.timing = TimingFromJson(*f);
+  if (const json* f = FieldIf(j, "eager", &json::is_object)) e.eager = TimingFromJson(*f);
+  if (const json* f = FieldIf(j, "compiled", &json::is_object)) e.compiled = TimingFromJson(*f);
+  if (const json* f = FieldIf(j, "speedup_eager", &json::is_number)) e.speedup_eager = f->get<double>();
+  if (const json* f = FieldIf(j, "speedup_compile", &json::is_number)) e.speedup_compile = f->get<double>();
+  if (const json* f = FieldIf(j, "roofline", &json::is_object)) {
+    const json& r = *f;
     Roofline& rf = e.roofline.emplace();
     rf.bytes = r.value("bytes", 0.0);
     rf.flops = r.value("flops", 0.0);
@@ -229,16 +230,15 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
     rf.peak_tf32_tflops = r.value("peak_tf32_tflops", 0.0);
   }
   e.launch_profiles = LaunchProfilesFromJson(j.value("launch_profiles", json::array()));
-  if (j.contains("counters") && j["counters"].is_object()) e.counters = CounterReportFromJson(j["counters"]);
-  if (j.contains("phases_s") && j["phases_s"].is_object())
-    for (const auto& [name, v] : j["phases_s"].items())
+  if (const json* f = FieldIf(j, "counters", &json::is_object)) e.counters = CounterReportFromJson(*f);
+  if (const json* f = FieldIf(j, "phases_s", &json::is_object))
+    for (const auto& [name, v] : f->items())
       if (v.is_number()) e.phases.emplace_back(name, v.get<double>());
-  if (j.contains("robustness") && j["robustness"].is_object()) e.robustness = RobustnessFromJson(j["robustness"]);
+  if (const json* f = FieldIf(j, "robustness", &json::is_object)) e.robustness = RobustnessFromJson(*f);
   e.precision = j.value("precision", "");
   e.baseline = j.value("baseline", "");
-  if (j.contains("eager_fp32") && j["eager_fp32"].is_object()) e.eager_fp32 = TimingFromJson(j["eager_fp32"]);
-  if (j.contains("speedup_eager_fp32") && j["speedup_eager_fp32"].is_number())
-    e.speedup_eager_fp32 = j["speedup_eager_fp32"].get<double>();
+  if (const json* f = FieldIf(j, "eager_fp32", &json::is_object)) e.eager_fp32 = TimingFromJson(*f);
+  if (const json* f = FieldIf(j, "speedup_eager_fp32", &json::is_number)) e.speedup_eager_fp32 = f->get<double>();
   return e;
 }
 

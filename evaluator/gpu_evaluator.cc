@@ -1,6 +1,9 @@
 // Setup (the arena layout, the reference on the device), the evaluation of a
-// candidate and of a batch. The worker and one run: gpu_evaluator_runs.cc;
-// the checks of outputs and inputs: gpu_evaluator_verify.cc.
+// candidate as its phases in order, and of a batch. The worker, loading a
+// candidate and one run: gpu_evaluator_runs.cc; correctness and the checks of
+// outputs and inputs: gpu_evaluator_verify.cc; warm-up, timed runs, the launch
+// profile and the figures: gpu_evaluator_timing.cc; distribution-shifted sets
+// and other shapes: gpu_evaluator_robust.cc.
 #include "evaluator/gpu_evaluator.h"
 
 #include <fcntl.h>
@@ -296,317 +299,76 @@ wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const
   return req;
 }
 
-Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled) {
-  auto t0 = Clock::now();
-  Evaluation e;
-  e.device = info_.name;
-  e.target = arch_;
-  auto phase_mark = t0;
-  auto phase = [&](const char* name) {
-    auto now = Clock::now();
-    e.phases.emplace_back(name, std::chrono::duration<double>(now - phase_mark).count());
-    phase_mark = now;
-  };
-  e.compile_log = compiled.log;
-  e.compile_s = compiled.seconds;
-  for (const auto& k : compiled.kernels) e.resources.push_back(k.resources);
-  auto finish = [&](EvalStatus st, const std::string& msg) {
-    NamePrecisionContract(e);  // in every result, whatever its status
-    e.status = st;
-    e.message = msg;
-    e.worker_log = TakeWorkerLog();
-    e.eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    return e;
-  };
-  if (!compiled.ok) return finish(EvalStatus::kCompileError, compiled.message);
-  PlanLimits limits;
-  if (info_.shared_per_block_optin > 0) limits.max_shared_bytes_per_block = info_.shared_per_block_optin;
-  auto plan = ResolvePlan(candidate.plan_json, ref_.signature, compiled.kernels, limits);
-  if (!plan.ok()) return finish(EvalStatus::kInvalidPlan, plan.status().message());
-  e.launches = plan->Summary();
-  if (!worker_ready_) {
-    if (Status s = StartWorker(); !s.ok()) return finish(EvalStatus::kRuntimeError, "evaluator: " + s.message());
-    phase("worker_start");
-  }
-  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(BuildLoadRequest(*plan, compiled))); !s.ok()) {
-    StopWorker("send failed");
-    return finish(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
-  }
-  auto reply = ReceiveMessage(worker_.stdout_fd(), 60);
-  if (!reply.ok()) {
-    StopWorker("load failed");
-    return finish(EvalStatus::kLaunchError, "loading the module: " + reply.status().message());
-  }
-  if (auto err = wire::ErrorOf(*reply)) {
-    if (err->fatal) StopWorker("fatal");
-    // A tensor map the driver refuses is the plan's fault, like any other bad map.
-    return finish(err->status == "invalid_plan" ? EvalStatus::kInvalidPlan : EvalStatus::kLaunchError,
-                  err->message.empty() ? "load failed" : err->message);
-  }
-  auto loaded = wire::FromJson<wire::LoadReply>(*reply);
-  if (!loaded.ok()) {
-    StopWorker("unreadable load reply");
-    return finish(EvalStatus::kRuntimeError, "evaluator: " + loaded.status().message());
-  }
-  const std::vector<wire::Occupancy> occupancy = loaded->occupancy;
-  phase("load");
+GpuEvaluator::Judgement::Judgement(const Candidate& c, const CompileResult& r)
+    : candidate(c), compiled(r), started(Clock::now()), phase_mark(started) {}
 
-  const int sets = static_cast<int>(ref_.sets.size());
-  std::map<std::string, OutputError> worst;
-  auto keep_worst = [&](const std::vector<OutputError>& errs) {
-    for (const auto& er : errs) {
-      auto it = worst.find(er.name);
-      if (it == worst.end() || er.rel_norm > it->second.rel_norm || er.mismatches > it->second.mismatches)
-        worst[er.name] = er;
-    }
-  };
-  auto take_errors = [&] {
-    e.errors.clear();
-    for (const auto& o : outputs_)
-      if (worst.count(o.spec->name)) e.errors.push_back(worst[o.spec->name]);
-  };
-  auto unload = [&] {
-    if (worker_ready_) {
-      (void)SendMessage(worker_.stdin_fd(), wire::ToJson(wire::UnloadRequest{}));
-      if (!ReceiveMessage(worker_.stdout_fd(), 30).ok()) StopWorker("unload failed");
-    }
-  };
-  // Repeated runs on one input set must give the same bits (stops races that
-  // pass only sometimes, and answers that depend on timing), unless the
-  // kernel uses atomics, whose order may vary: then the tolerance alone holds.
-  const bool atomics = PtxUsesAtomics(compiled.ptx);
-  std::vector<std::vector<std::optional<uint64_t>>> first_bits(sets, std::vector<std::optional<uint64_t>>(outputs_.size()));
-  auto run = [&](int set) {
-    RunResult r = RunOnce(set);
-    if (r.status != EvalStatus::kCorrect) return r;
-    for (size_t i = 0; i < outputs_.size() && i < r.hashes.size(); ++i) {
-      auto& seen = first_bits[set][i];
-      if (!seen) {
-        seen = r.hashes[i];
-      } else if (*seen != r.hashes[i] && !atomics) {
-        r.status = EvalStatus::kIncorrect;
-        r.message = "output '" + outputs_[i].spec->name + "' differs bit for bit between two runs on input set " +
-                    std::to_string(set) + " although the kernel uses no atomics: a race, a read of memory " +
-                    "nothing wrote, or a result that depends on timing";
-        break;
-      }
-    }
-    return r;
-  };
-  // Correctness on every get_inputs() set first; the distribution-shifted
-  // sets after them only mark a kernel specialised, and are never timed.
-  const int judging = ref_.JudgingSets();
-  std::vector<double> first_ms;
-  for (int s = 0; s < judging; ++s) {
-    RunResult r = run(s);
-    keep_worst(r.errors);
-    if (r.status != EvalStatus::kCorrect) {
-      take_errors();
-      if (r.status == EvalStatus::kIncorrect) {
-        // Report the failing run's own figures.
-        e.errors = r.errors;
-      }
-      unload();
-      return finish(r.status, r.message);
-    }
-    first_ms.push_back(r.ms);
-  }
-  phase("correctness");
-  if (correctness_only_) {  // another shape of the problem (CheckOtherShapes): held
-    unload();
-    return finish(EvalStatus::kCorrect, "");
-  }
-  Robustness robustness;
-  if (auto failed = CheckShiftedSets(run, &robustness)) {
-    take_errors();
-    unload();
-    return finish(failed->status, failed->message);
-  }
-  phase("shifted_inputs");
-  CheckOtherShapes(candidate, compiled, &robustness);
-  phase("other_shapes");
-  // Warm-up (as timing.py: at least 3 runs and warmup_ms of run time, at most
-  // 1000 runs), then timed runs. Every timed run is verified.
-  double estimate = std::max(Summarize(first_ms).median_ms, 1e-3);
-  int run_index = 0;
-  if (opts_.timing == TimingMode::kAdaptive) {
-    int runs = static_cast<int>(std::clamp(std::ceil(opts_.warmup_ms / estimate), 3.0, 1000.0));
-    RunResult r = WarmUp(runs, 0, estimate);
-    keep_worst(r.errors);
-    if (r.status != EvalStatus::kCorrect) {
-      take_errors();
-      if (r.status == EvalStatus::kIncorrect) e.errors = r.errors;
-      unload();
-      return finish(r.status, "warm-up (" + std::to_string(runs) + " runs): " + r.message);
-    }
-    run_index = runs;
-  } else {
-    double warm_total = 0;
-    std::vector<double> warm_ms;
-    for (int w = 0; w < 3 || warm_total < opts_.warmup_ms; ++w) {
-      RunResult r = run(run_index++ % judging);
-      keep_worst(r.errors);
-      if (r.status != EvalStatus::kCorrect) {
-        take_errors();
-        unload();
-        return finish(r.status, "warm-up run " + std::to_string(w) + ": " + r.message);
-      }
-      warm_total += r.ms;
-      warm_ms.push_back(r.ms);
-      if (w >= 1000) break;  // same cap as the reference's timing.py
-    }
-    // As timing.py does: the run count comes from the median warm-up time.
-    estimate = std::max(Summarize(warm_ms).median_ms, 1e-3);
-  }
-  phase("warmup");
-  int n = static_cast<int>(std::ceil(opts_.target_timed_ms / std::max(estimate, 1e-3)));
-  n = std::clamp(n, opts_.min_timed_runs, opts_.max_timed_runs);
-  std::vector<double> ms, ms_device;
-  std::string stopped = "runs";
-  auto phase_start = Clock::now();
-  for (int i = 0; i < n; ++i) {
-    RunResult r = run(run_index++ % judging);
-    keep_worst(r.errors);
-    if (r.status != EvalStatus::kCorrect) {
-      take_errors();
-      if (r.status == EvalStatus::kIncorrect) e.errors = r.errors;
-      unload();
-      return finish(r.status, "timed run " + std::to_string(i) + ": " + r.message);
-    }
-    ms.push_back(r.ms);
-    ms_device.push_back(r.ms_device);
-    const int done = static_cast<int>(ms.size());
-    if (opts_.timing == TimingMode::kAdaptive) {
-      if (done >= opts_.min_timed_runs && MedianStable(ms, opts_.stable_rel, opts_.stable_abs_ms) &&
-          MedianStable(ms_device, opts_.stable_rel, opts_.stable_abs_ms)) {
-        stopped = "stable";
-        break;
-      }
-      // Clearly slower than the best so far: its fastest run (on the stream,
-      // the smaller figure) is far above the best median. Recorded as cut short.
-      if (done >= opts_.cut_min_runs && best_ms_ > 0 &&
-          *std::min_element(ms.begin(), ms.end()) > opts_.cut_factor * best_ms_) {
-        stopped = "slower_than_best";
-        break;
-      }
-    }
-    if (done >= opts_.min_timed_runs &&
-        std::chrono::duration<double>(Clock::now() - phase_start).count() > opts_.max_eval_s) {
-      stopped = "time_cap";
-      break;
-    }
-  }
-  phase("timed");
-  // Each launch on its own, in runs of their own after the timed ones.
-  const DevicePeaks* measured = peaks_ && peaks_->ok() ? &**peaks_ : nullptr;
-  Roofline rf = PlanRoofline(ref_.signature, bandwidth_gbps_, measured, opts_.peak_tflops);
-  {
-    RunResult failed;
-    auto profiles = ProfileLaunches(*plan, occupancy, rf, run_index, &failed);
-    if (!profiles.ok()) {
-      keep_worst(failed.errors);
-      take_errors();
-      if (failed.status == EvalStatus::kIncorrect) e.errors = failed.errors;
-      unload();
-      return finish(failed.status, "profile run: " + failed.message);
-    }
-    e.launch_profiles = std::move(*profiles);
-  }
-  phase("profile");
-  unload();
-  take_errors();
-  // Every input set, not only the one each run read: a run must not plant
-  // data in another set's buffers (or their padding) for a later run to find.
-  {
-    RunResult inputs;
-    CheckEveryInputSet(inputs);
-    if (inputs.status != EvalStatus::kCorrect) return finish(inputs.status, inputs.message);
-  }
-  // As timing.py: the on-stream series, unless work consistently outlived the stream.
-  constexpr double kSyncSlackMs = 0.1;
-  double on_stream = Summarize(ms).median_ms, device_wide = Summarize(ms_device).median_ms;
-  e.timing = Summarize(device_wide - on_stream > kSyncSlackMs + 0.1 * on_stream ? ms_device : ms);
-  e.timing->stopped = stopped;
-  if (stopped != "slower_than_best" && (best_ms_ <= 0 || e.timing->median_ms < best_ms_)) best_ms_ = e.timing->median_ms;
-  phase("final_checks");
-  e.eager = ref_.eager;
-  e.compiled = ref_.compiled;
-  if (ref_.eager && e.timing->median_ms > 0) e.speedup_eager = ref_.eager->median_ms / e.timing->median_ms;
-  if (ref_.compiled && e.timing->median_ms > 0) e.speedup_compile = ref_.compiled->median_ms / e.timing->median_ms;
-  FinishRoofline(e.timing->median_ms, &rf);
-  e.roofline = rf;
-  e.robustness = std::move(robustness);
-  return finish(EvalStatus::kCorrect, "");
+void GpuEvaluator::Judgement::Phase(const char* name) {
+  auto now = Clock::now();
+  e.phases.emplace_back(name, std::chrono::duration<double>(now - phase_mark).count());
+  phase_mark = now;
 }
 
-StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const ResolvedPlan& plan,
-                                                                   const std::vector<wire::Occupancy>& occupancy,
-                                                                   const Roofline& plan_roofline, int first_run,
-                                                                   RunResult* failed) {
-  // Few runs: the events inside the plan cost a few microseconds each, and
-  // these figures guide a model, they do not rank candidates.
-  constexpr int kProfileRuns = 5;
-  const int sets = ref_.JudgingSets();  // timed and profiled on get_inputs() sets only
-  const size_t n = plan.launches.size();
-  std::vector<std::vector<double>> launch_ms(n);
-  for (int i = 0; i < kProfileRuns; ++i) {
-    RunResult r = RunOnce((first_run + i) % sets, /*split=*/true);
-    if (r.status != EvalStatus::kCorrect) {
-      *failed = std::move(r);
-      return Internal("profile run failed");
-    }
-    if (r.launch_ms.size() != n) {
-      failed->status = EvalStatus::kRuntimeError;
-      failed->message = "evaluator: the worker reported " + std::to_string(r.launch_ms.size()) +
-                        " launch times for " + std::to_string(n) + " launches";
-      return Internal(failed->message);
-    }
-    for (size_t l = 0; l < n; ++l) launch_ms[l].push_back(r.launch_ms[l]);
+void GpuEvaluator::Judgement::KeepWorst(const std::vector<OutputError>& errors) {
+  for (const auto& er : errors) {
+    auto it = worst.find(er.name);
+    if (it == worst.end() || er.rel_norm > it->second.rel_norm || er.mismatches > it->second.mismatches)
+      worst[er.name] = er;
   }
-  SmLimits sm{info_.registers_per_sm, info_.max_registers_per_block, info_.shared_per_sm,
-              info_.reserved_shared_per_block, info_.max_threads_per_sm, info_.max_blocks_per_sm};
-  std::vector<std::string> kernels;
-  std::vector<double> bytes;
-  std::vector<std::optional<Occupancy>> occ;
-  for (size_t l = 0; l < n; ++l) {
-    const PlannedLaunch& pl = plan.launches[l];
-    kernels.push_back(pl.kernel);
-    // Each distinct buffer the launch is passed, once: what it could move at
-    // least if it touches all of them (a launch may touch only part of one).
-    std::set<std::string> seen;
-    double b = 0;
-    for (const ArgValue& a : pl.args) {
-      std::string name = a.name;
-      if (a.kind == ArgValue::Kind::kTensorMap)  // counts as the tensor it walks
-        for (const auto& m : plan.tensor_maps)
-          if (m.name == a.name) name = m.tensor;
-      if (!seen.insert(name).second) continue;
-      if (a.kind == ArgValue::Kind::kTensor || a.kind == ArgValue::Kind::kTensorMap) {
-        if (const TensorSpec* t = ref_.signature.Find(name)) b += static_cast<double>(t->bytes());
-      }
-      if (a.kind == ArgValue::Kind::kScratch || a.kind == ArgValue::Kind::kTensorMap) {
-        for (const auto& s : plan.scratch)
-          if (s.name == name) b += static_cast<double>(s.bytes);
-      }
-    }
-    bytes.push_back(b);
-    std::optional<Occupancy> o;
-    if (l < occupancy.size() && occupancy[l].blocks_per_sm >= 0) {
-      const wire::Occupancy& j = occupancy[l];
-      Occupancy v;
-      v.blocks_per_sm = j.blocks_per_sm;
-      v.threads_per_block = j.threads;
-      v.registers = std::max(0, j.registers);
-      v.shared_bytes = std::max(0, j.static_shared) + j.dynamic_shared;
-      v.cluster_size = j.cluster_size;
-      v.max_active_clusters = j.max_active_clusters;
-      ExplainOccupancy(sm, &v);
-      o = v;
-    }
-    occ.push_back(o);
+}
+
+// The candidate through the phases (gpu_evaluator.h, Judgement), in order:
+// any phase may end it with its result.
+Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled) {
+  Judgement j(candidate, compiled);
+  j.e.device = info_.name;
+  j.e.target = arch_;
+  j.e.compile_log = compiled.log;
+  j.e.compile_s = compiled.seconds;
+  for (const auto& k : compiled.kernels) j.e.resources.push_back(k.resources);
+  if (!compiled.ok) return Conclude(j, EvalStatus::kCompileError, compiled.message);
+  if (auto done = LoadCandidate(j)) return std::move(*done);
+  if (auto done = CheckCorrectness(j)) return std::move(*done);
+  if (correctness_only_) {  // another shape of the problem (CheckOtherShapes): held
+    UnloadCandidate();
+    return Conclude(j, EvalStatus::kCorrect, "");
   }
-  return BuildLaunchProfiles(kernels, launch_ms, bytes, plan_roofline.flops, plan_roofline.peak_gbps,
-                             plan_roofline.peak_tflops, occ);
+  if (auto done = CheckRobustness(j)) return std::move(*done);
+  if (auto done = WarmUpPhase(j)) return std::move(*done);
+  if (auto done = TimedRuns(j)) return std::move(*done);
+  if (auto done = ProfilePhase(j)) return std::move(*done);
+  if (auto done = FinalChecks(j)) return std::move(*done);
+  ChooseTiming(j);
+  j.Phase("final_checks");
+  ReportSpeed(j);
+  return Conclude(j, EvalStatus::kCorrect, "");
+}
+
+Evaluation GpuEvaluator::Conclude(Judgement& j, EvalStatus status, const std::string& message) {
+  NamePrecisionContract(j.e);  // in every result, whatever its status
+  j.e.status = status;
+  j.e.message = message;
+  j.e.worker_log = TakeWorkerLog();
+  j.e.eval_s = std::chrono::duration<double>(Clock::now() - j.started).count();
+  return std::move(j.e);
+}
+
+Evaluation GpuEvaluator::FailRun(Judgement& j, const RunResult& r, const std::string& message, bool own_errors) {
+  TakeErrors(j);
+  if (own_errors && r.status == EvalStatus::kIncorrect) j.e.errors = r.errors;  // the failing run's own figures
+  UnloadCandidate();
+  return Conclude(j, r.status, message);
+}
+
+void GpuEvaluator::TakeErrors(Judgement& j) const {
+  j.e.errors.clear();
+  for (const auto& o : outputs_)
+    if (auto it = j.worst.find(o.spec->name); it != j.worst.end()) j.e.errors.push_back(it->second);
+}
+
+void GpuEvaluator::UnloadCandidate() {
+  if (!worker_ready_) return;
+  (void)SendMessage(worker_.stdin_fd(), wire::ToJson(wire::UnloadRequest{}));
+  if (!ReceiveMessage(worker_.stdout_fd(), 30).ok()) StopWorker("unload failed");
 }
 
 StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<Candidate>& candidates) {

@@ -69,6 +69,7 @@
 // EvaluateBatch compiles in parallel internally.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -148,7 +149,8 @@ class GpuEvaluator : public CandidateEvaluator {
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
   std::string DeviceName() const override { return info_.name; }
 
-  // One candidate already compiled (the batch path calls this in order).
+  // One candidate already compiled (the batch path calls this in order),
+  // through the phases listed below under Judgement.
   Evaluation EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled);
 
   const DeviceInfo& device_info() const { return info_; }
@@ -195,6 +197,52 @@ class GpuEvaluator : public CandidateEvaluator {
     std::vector<uint64_t> hashes;  // per output: a hash of its bits after this run
     std::vector<double> launch_ms;  // split runs: each launch on its own
   };
+
+  // One candidate's evaluation on its way through EvaluateCompiled's phases:
+  // what the phases share, and the result they build.
+  struct Judgement {
+    Judgement(const Candidate& c, const CompileResult& r);
+    void Phase(const char* name);  // records the time since the last phase under `name`
+    void KeepWorst(const std::vector<OutputError>& errors);
+
+    const Candidate& candidate;
+    const CompileResult& compiled;
+    Evaluation e;
+    std::chrono::steady_clock::time_point started, phase_mark;
+    std::optional<ResolvedPlan> plan;
+    std::vector<wire::Occupancy> occupancy;  // per launch, from the worker's load reply
+    bool atomics = false;                    // then repeated runs may differ in their bits
+    std::vector<std::vector<std::optional<uint64_t>>> first_bits;  // per set and output: the first run's hash
+    std::map<std::string, OutputError> worst;  // per output, over every run
+    std::vector<double> first_ms;              // the correctness runs
+    double estimate_ms = 0;                    // one run, for the warm-up and the timed runs' count
+    int run_index = 0;                         // runs after correctness: the next one's input set
+    std::vector<double> ms, ms_device;         // the timed runs
+    std::string stopped = "runs";              // why the timed runs stopped (TimingStats::stopped)
+    Roofline roofline;
+    Robustness robustness;
+  };
+  // The phases, in EvaluateCompiled's order, each in the file of its concern.
+  // A phase that ends the candidate's judgement (a failure) returns the result.
+  std::optional<Evaluation> LoadCandidate(Judgement& j);     // plan, worker, module (gpu_evaluator_runs.cc)
+  std::optional<Evaluation> CheckCorrectness(Judgement& j);  // every get_inputs() set (gpu_evaluator_verify.cc)
+  std::optional<Evaluation> CheckRobustness(Judgement& j);   // shifted sets, other shapes (gpu_evaluator_robust.cc)
+  std::optional<Evaluation> WarmUpPhase(Judgement& j);       // (gpu_evaluator_timing.cc)
+  std::optional<Evaluation> TimedRuns(Judgement& j);         // (gpu_evaluator_timing.cc)
+  std::optional<Evaluation> ProfilePhase(Judgement& j);      // per-launch figures (gpu_evaluator_timing.cc)
+  std::optional<Evaluation> FinalChecks(Judgement& j);       // every input set (gpu_evaluator_verify.cc)
+  void ChooseTiming(Judgement& j);                           // the reported series (gpu_evaluator_timing.cc)
+  void ReportSpeed(Judgement& j);                            // speedups and roofline (gpu_evaluator_timing.cc)
+  // What the phases share (gpu_evaluator.cc, but RunChecked: gpu_evaluator_verify.cc).
+  // One run on `set`, its bits compared with the first run's on that set.
+  RunResult RunChecked(Judgement& j, int set);
+  // The result: every exit of EvaluateCompiled goes through here.
+  Evaluation Conclude(Judgement& j, EvalStatus status, const std::string& message);
+  // A failed run ends the judgement: the worst errors seen (or the run's own,
+  // with own_errors, when it was incorrect), the module unloaded.
+  Evaluation FailRun(Judgement& j, const RunResult& r, const std::string& message, bool own_errors);
+  void TakeErrors(Judgement& j) const;  // the worst error of each output into j.e
+  void UnloadCandidate();
 
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
   Status Setup();

@@ -129,4 +129,16 @@ void GpuEvaluator::NamePrecisionContract(Evaluation& e) const {
     e.speedup_eager_fp32 = ref_.eager_fp32->median_ms / e.timing->median_ms;
 }
 
+// Phase 3 (a candidate correct on every get_inputs() set): the shifted sets,
+// then the problem's other shapes. A run that crashes, hangs or fails to
+// launch on a shifted set fails the candidate; anything else only marks it.
+std::optional<Evaluation> GpuEvaluator::CheckRobustness(Judgement& j) {
+  if (auto failed = CheckShiftedSets([&](int set) { return RunChecked(j, set); }, &j.robustness))
+    return FailRun(j, *failed, failed->message, /*own_errors=*/false);
+  j.Phase("shifted_inputs");
+  CheckOtherShapes(j.candidate, j.compiled, &j.robustness);
+  j.Phase("other_shapes");
+  return std::nullopt;
+}
+
 }  // namespace ks

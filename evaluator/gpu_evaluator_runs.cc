@@ -317,5 +317,42 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
     check_guard(o.guard_offset, o.guard_bytes, "past the end of output '" + o.spec->name + "' (its alignment padding included)");
 }
 
+// Phase 1: the plan resolved against the kernels NVRTC found, a worker
+// running, the module loaded into it (its occupancy per launch comes back).
+std::optional<Evaluation> GpuEvaluator::LoadCandidate(Judgement& j) {
+  PlanLimits limits;
+  if (info_.shared_per_block_optin > 0) limits.max_shared_bytes_per_block = info_.shared_per_block_optin;
+  auto plan = ResolvePlan(j.candidate.plan_json, ref_.signature, j.compiled.kernels, limits);
+  if (!plan.ok()) return Conclude(j, EvalStatus::kInvalidPlan, plan.status().message());
+  j.plan = std::move(plan).value();
+  j.e.launches = j.plan->Summary();
+  if (!worker_ready_) {
+    if (Status s = StartWorker(); !s.ok()) return Conclude(j, EvalStatus::kRuntimeError, "evaluator: " + s.message());
+    j.Phase("worker_start");
+  }
+  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(BuildLoadRequest(*j.plan, j.compiled))); !s.ok()) {
+    StopWorker("send failed");
+    return Conclude(j, EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
+  }
+  auto reply = ReceiveMessage(worker_.stdout_fd(), 60);
+  if (!reply.ok()) {
+    StopWorker("load failed");
+    return Conclude(j, EvalStatus::kLaunchError, "loading the module: " + reply.status().message());
+  }
+  if (auto err = wire::ErrorOf(*reply)) {
+    if (err->fatal) StopWorker("fatal");
+    // A tensor map the driver refuses is the plan's fault, like any other bad map.
+    return Conclude(j, err->status == "invalid_plan" ? EvalStatus::kInvalidPlan : EvalStatus::kLaunchError,
+                    err->message.empty() ? "load failed" : err->message);
+  }
+  auto loaded = wire::FromJson<wire::LoadReply>(*reply);
+  if (!loaded.ok()) {
+    StopWorker("unreadable load reply");
+    return Conclude(j, EvalStatus::kRuntimeError, "evaluator: " + loaded.status().message());
+  }
+  j.occupancy = loaded->occupancy;
+  j.Phase("load");
+  return std::nullopt;
+}
 
 }  // namespace ks

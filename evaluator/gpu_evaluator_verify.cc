@@ -136,5 +136,54 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
   return Status::Ok();
 }
 
+// Repeated runs on one input set must give the same bits (stops races that
+// pass only sometimes, and answers that depend on timing), unless the
+// kernel uses atomics, whose order may vary: then the tolerance alone holds.
+GpuEvaluator::RunResult GpuEvaluator::RunChecked(Judgement& j, int set) {
+  RunResult r = RunOnce(set);
+  if (r.status != EvalStatus::kCorrect) return r;
+  for (size_t i = 0; i < outputs_.size() && i < r.hashes.size(); ++i) {
+    auto& seen = j.first_bits[set][i];
+    if (!seen) {
+      seen = r.hashes[i];
+    } else if (*seen != r.hashes[i] && !j.atomics) {
+      r.status = EvalStatus::kIncorrect;
+      r.message = "output '" + outputs_[i].spec->name + "' differs bit for bit between two runs on input set " +
+                  std::to_string(set) + " although the kernel uses no atomics: a race, a read of memory " +
+                  "nothing wrote, or a result that depends on timing";
+      break;
+    }
+  }
+  return r;
+}
+
+// Phase 2: correctness on every get_inputs() set first; the
+// distribution-shifted sets after them only mark a kernel specialised
+// (CheckRobustness), and are never timed.
+std::optional<Evaluation> GpuEvaluator::CheckCorrectness(Judgement& j) {
+  j.atomics = PtxUsesAtomics(j.compiled.ptx);
+  j.first_bits.assign(ref_.sets.size(), std::vector<std::optional<uint64_t>>(outputs_.size()));
+  const int judging = ref_.JudgingSets();
+  for (int s = 0; s < judging; ++s) {
+    RunResult r = RunChecked(j, s);
+    j.KeepWorst(r.errors);
+    if (r.status != EvalStatus::kCorrect) return FailRun(j, r, r.message, /*own_errors=*/true);
+    j.first_ms.push_back(r.ms);
+  }
+  j.Phase("correctness");
+  return std::nullopt;
+}
+
+// The last checks, after the module is unloaded: every input set, not only
+// the one each run read (a run must not plant data in another set's buffers,
+// or their padding, for a later run to find).
+std::optional<Evaluation> GpuEvaluator::FinalChecks(Judgement& j) {
+  UnloadCandidate();
+  TakeErrors(j);
+  RunResult inputs;
+  CheckEveryInputSet(inputs);
+  if (inputs.status != EvalStatus::kCorrect) return Conclude(j, inputs.status, inputs.message);
+  return std::nullopt;
+}
 
 }  // namespace ks

@@ -5,6 +5,11 @@
 // ReferenceData (reference inputs/parameters/outputs on disk, cached, or kept
 // on the GPU by a bridge process for a problem of several GB).
 //
+// Its files, one per concern: python_env.cc (the interpreter, data files),
+// bridge_client.cc (running the bridge, resident references), problem.cc
+// (reference data and manifests), reference_prep.cc (PrepareReference and its
+// cache entry), peaks.cc (measured peaks); bridge_internal.h is what they share.
+//
 // Thread-safety: every function may be called from several threads; the python
 // probe is cached per process behind a mutex. Concurrent PrepareReference calls
 // for the same key (threads or processes) each compute into a private temporary
@@ -233,7 +238,8 @@ struct ReferenceData {
 // ~/.cache/kernelsearch/reference.
 std::string DefaultReferenceCacheDir();
 
-// The reference for (problem bytes, sets, seed, device, bridge.py bytes, torch
+// The reference for (problem bytes, sets, seed, device, the bridge's bytes (bridge.py,
+// ks_bridge/, timing.py, transforms.py), torch
 // version): reused from the cache when a complete entry exists, otherwise
 // computed by the bridge into a temporary directory that is renamed into place.
 // An untimed request also reuses a timed entry.

@@ -78,7 +78,7 @@ struct ReferenceError {
 // be at most kRoundingFactor times as inaccurate as PyTorch's own float32.
 // Above kMaxRoundingRelNorm the float64 run is not measuring rounding (a
 // data-dependent branch; a problem that needs a TOLERANCE of its own), and
-// nothing is widened. The same constants as bridge.py's.
+// nothing is widened. The same constants as the bridge's (reference/ks_bridge/rounding.py).
 inline constexpr double kRoundingFactor = 16;
 inline constexpr double kMaxRoundingRelNorm = 1e-3;
 //   atol      += kRoundingFactor * rms

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "llm/llm_client.h"
-#include "llm/llm_factory.h"
+#include "llm/llm_config.h"
 
 namespace ks {
 

@@ -14,7 +14,7 @@
 #include "llm/concurrency_limiter.h"
 #include "llm/http_client.h"
 #include "llm/llm_client.h"
-#include "llm/llm_factory.h"
+#include "llm/llm_config.h"
 
 namespace ks {
 
@@ -72,8 +72,9 @@ class HttpBackend : public LlmClient {
 StatusOr<std::string> LookUpKey(const LlmConfig& config, const std::string& default_env,
                                 bool required_by_default, std::string* env_used);
 
-// Concrete backends (openai_client.cc, anthropic_client.cc, replay_client.cc,
-// command_client.cc). `rest` is the spec after "name:".
+// The HTTP backends (openai_client.cc, anthropic_client.cc); `rest` is the
+// spec after "name:". The others: MakeReplayClient (transcript.h) and
+// MakeCommandClient (command_client.h).
 StatusOr<std::unique_ptr<LlmClient>> MakeOpenAiClient(const std::string& rest, const LlmConfig& config);
 StatusOr<std::unique_ptr<LlmClient>> MakeAnthropicClient(const std::string& rest, const LlmConfig& config);
 

@@ -1,5 +1,5 @@
 // The interface every language-model backend implements, and the record each call
-// leaves. Backends: openai, anthropic, replay:FILE, command:CMD (llm_factory.h).
+// leaves. The backends are listed once, in llm_factory.cc (kBackends).
 #pragma once
 
 #include <atomic>
@@ -26,7 +26,7 @@ struct LlmRequest {
 // One call, successful or not. Keys never appear here.
 struct LlmCallRecord {
   std::string role;
-  std::string backend;  // "openai", "anthropic", "replay", "command"
+  std::string backend;  // the spec prefix of the backend that answered (llm_factory.cc)
   std::string model;
   std::string system;
   std::string prompt;

@@ -1,5 +1,7 @@
 #include "llm/llm_factory.h"
 
+#include <iterator>
+
 #include "llm/command_client.h"
 #include "llm/http_backend.h"
 #include "llm/role_router.h"
@@ -8,24 +10,48 @@
 namespace ks {
 namespace {
 
+using BackendMaker = StatusOr<std::unique_ptr<LlmClient>> (*)(const std::string& rest, const LlmConfig& config);
+
+// Every model backend, in the one place they are listed: its spec prefix, the
+// form a user types (help texts and error messages) and its maker.
+struct Backend {
+  const char* name;
+  const char* spec_form;
+  BackendMaker make;
+};
+constexpr Backend kBackends[] = {
+    {"openai", "openai:MODEL[@BASE_URL]", MakeOpenAiClient},
+    {"anthropic", "anthropic:MODEL[@BASE_URL]", MakeAnthropicClient},
+    {"replay", "replay:FILE", MakeReplayClient},
+    {"command", "command:CMD", MakeCommandClient},
+};
+
+// "a, b, c or d" over each backend's `field`.
+std::string ListBackends(const char* Backend::*field) {
+  std::string out;
+  constexpr size_t n = std::size(kBackends);
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) out += i + 1 == n ? " or " : ", ";
+    out += kBackends[i].*field;
+  }
+  return out;
+}
+
 // The backend alone, without a recorder.
 StatusOr<std::unique_ptr<LlmClient>> MakeBackend(const LlmConfig& config) {
   const std::string& spec = config.spec;
   size_t colon = spec.find(':');
   if (colon == std::string::npos)
-    return InvalidArgument("model spec '" + spec +
-                           "' has no backend; use openai:MODEL[@BASE_URL], anthropic:MODEL, replay:FILE or command:CMD");
+    return InvalidArgument("model spec '" + spec + "' has no backend; use " + BackendSpecForms());
   std::string kind = spec.substr(0, colon);
   std::string rest = spec.substr(colon + 1);
   if (config.concurrency < 1) return InvalidArgument("concurrency must be at least 1");
   if (config.max_retries < 0) return InvalidArgument("max_retries must not be negative");
   if (config.timeout_s <= 0 || config.connect_timeout_s <= 0) return InvalidArgument("time limits must be positive");
-  if (kind == "openai") return MakeOpenAiClient(rest, config);
-  if (kind == "anthropic") return MakeAnthropicClient(rest, config);
-  if (kind == "replay") return MakeReplayClient(rest, config);
-  if (kind == "command") return MakeCommandClient(rest, config);
-  return InvalidArgument("unknown backend '" + kind + "' in model spec '" + spec +
-                         "'; use openai, anthropic, replay or command");
+  for (const Backend& b : kBackends)
+    if (kind == b.name) return b.make(rest, config);
+  return InvalidArgument("unknown backend '" + kind + "' in model spec '" + spec + "'; use " +
+                         ListBackends(&Backend::name));
 }
 
 StatusOr<std::unique_ptr<LlmClient>> MaybeRecord(std::unique_ptr<LlmClient> client, const std::string& path) {
@@ -35,6 +61,8 @@ StatusOr<std::unique_ptr<LlmClient>> MaybeRecord(std::unique_ptr<LlmClient> clie
 }
 
 }  // namespace
+
+std::string BackendSpecForms() { return ListBackends(&Backend::spec_form); }
 
 StatusOr<std::unique_ptr<LlmClient>> MakeLlmClient(const LlmConfig& config) {
   KS_ASSIGN_OR_RETURN(std::unique_ptr<LlmClient> client, MakeBackend(config));

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llm/llm_client.h"
-#include "llm/llm_factory.h"
+#include "llm/llm_config.h"
 
 namespace ks {
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "common/json_field.h"
 #include "search/search_config.h"
 #include "store/candidate_hash.h"
 
@@ -86,14 +87,14 @@ StatusOr<ScriptedEvaluatorOptions> LoadScriptedEvaluatorOptions(const std::strin
   if (!j.is_object()) return InvalidArgument(path + ": fake evaluator config must be a JSON object");
   ScriptedEvaluatorOptions o;
   try {
-    o.eager_ms = j.value("eager_ms", o.eager_ms);
-    o.compile_ms = j.value("compile_ms", o.compile_ms);
-    o.delay_ms = j.value("delay_ms", o.delay_ms);
-    o.floor_ms = j.value("floor_ms", o.floor_ms);
-    o.log_path = j.value("log", o.log_path);
-    o.fail_after = j.value("fail_after", o.fail_after);
-    o.device = j.value("device", o.device);
-    o.check_reference = j.value("check_reference", o.check_reference);
+    ReadField(j, "eager_ms", &o.eager_ms);
+    ReadField(j, "compile_ms", &o.compile_ms);
+    ReadField(j, "delay_ms", &o.delay_ms);
+    ReadField(j, "floor_ms", &o.floor_ms);
+    ReadField(j, "log", &o.log_path);
+    ReadField(j, "fail_after", &o.fail_after);
+    ReadField(j, "device", &o.device);
+    ReadField(j, "check_reference", &o.check_reference);
     if (j.contains("counters")) {
       if (!j["counters"].is_object()) return InvalidArgument(path + ": \"counters\" must be an object");
       o.counters = CounterReportFromJson(j["counters"]);

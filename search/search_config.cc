@@ -3,6 +3,7 @@
 #include <set>
 
 #include "common/files.h"
+#include "common/json_field.h"
 
 namespace ks {
 
@@ -103,29 +104,29 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
   try {
-    c.rounds = j.value("rounds", c.rounds);
-    c.ideas = j.value("ideas", c.ideas);
-    c.branches = j.value("branches", c.branches);
-    c.beam = j.value("beam", c.beam);
-    c.repair_attempts = j.value("repair_attempts", c.repair_attempts);
-    c.profile_top = j.value("profile_top", c.profile_top);
-    c.budget_calls = j.value("budget_calls", c.budget_calls);
-    c.budget_tokens = j.value("budget_tokens", c.budget_tokens);
-    c.budget_cost_usd = j.value("budget_cost_usd", c.budget_cost_usd);
-    c.budget_minutes = j.value("budget_minutes", c.budget_minutes);
-    c.target_speedup = j.value("target_speedup", c.target_speedup);
-    c.model = j.value("model", c.model);
+    ReadField(j, "rounds", &c.rounds);
+    ReadField(j, "ideas", &c.ideas);
+    ReadField(j, "branches", &c.branches);
+    ReadField(j, "beam", &c.beam);
+    ReadField(j, "repair_attempts", &c.repair_attempts);
+    ReadField(j, "profile_top", &c.profile_top);
+    ReadField(j, "budget_calls", &c.budget_calls);
+    ReadField(j, "budget_tokens", &c.budget_tokens);
+    ReadField(j, "budget_cost_usd", &c.budget_cost_usd);
+    ReadField(j, "budget_minutes", &c.budget_minutes);
+    ReadField(j, "target_speedup", &c.target_speedup);
+    ReadField(j, "model", &c.model);
     if (j.contains("role_models")) c.role_models = j.at("role_models").get<std::map<std::string, std::string>>();
-    c.seed = j.value("seed", c.seed);
-    c.llm_concurrency = j.value("llm_concurrency", c.llm_concurrency);
-    c.seed_source = j.value("seed_source", c.seed_source);
-    c.seed_plan = j.value("seed_plan", c.seed_plan);
-    c.seed_label = j.value("seed_label", c.seed_label);
+    ReadField(j, "seed", &c.seed);
+    ReadField(j, "llm_concurrency", &c.llm_concurrency);
+    ReadField(j, "seed_source", &c.seed_source);
+    ReadField(j, "seed_plan", &c.seed_plan);
+    ReadField(j, "seed_label", &c.seed_label);
     if (j.contains("gpu")) c.gpu = GpuFactsFromJson(j.at("gpu"));
-    c.bank = j.value("bank", c.bank);
-    c.allow_degenerate = j.value("allow_degenerate", c.allow_degenerate);
-    c.require_robust = j.value("require_robust", c.require_robust);
-    c.precision = j.value("precision", c.precision);
+    ReadField(j, "bank", &c.bank);
+    ReadField(j, "allow_degenerate", &c.allow_degenerate);
+    ReadField(j, "require_robust", &c.require_robust);
+    ReadField(j, "precision", &c.precision);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("search config: ") + e.what());
   }

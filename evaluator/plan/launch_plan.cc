@@ -319,6 +319,161 @@ std::vector<ResolvedLaunch> ResolvedPlan::Summary() const {
   return out;
 }
 
+namespace {
+
+// The plan's "scratch" list into out->scratch, their names into *names.
+Status ResolveScratch(const json& plan, const Signature& sig, const PlanLimits& limits, ResolvedPlan* out,
+                      std::set<std::string>* names) {
+  if (!plan.contains("scratch")) return Status::Ok();
+  const json& sc = plan["scratch"];
+  if (!sc.is_array()) return InvalidArgument("scratch must be a list");
+  for (size_t i = 0; i < sc.size(); ++i) {
+    std::string where = "scratch[" + std::to_string(i) + "]";
+    if (!sc[i].is_object() || !sc[i].contains("name") || !sc[i]["name"].is_string() || !sc[i].contains("bytes"))
+      return InvalidArgument(where + ": needs \"name\" (string) and \"bytes\"");
+    std::string name = sc[i]["name"];
+    where += " (" + name + ")";
+    for (const auto& [key, _] : sc[i].items())
+      if (!Accepted(kScratchKeys, key))
+        return InvalidArgument(where + ": unknown key \"" + key + "\" (a scratch entry has " + KeyList(kScratchKeys) + ")");
+    if (sig.Find(name)) return InvalidArgument(where + ": name collides with a tensor of the signature");
+    if (!names->insert(name).second) return InvalidArgument(where + ": duplicate scratch name");
+    auto bytes = EvalField(sc[i]["bytes"], sig);
+    if (!bytes.ok()) return bytes.status().WithContext(where + ": bytes");
+    if (*bytes <= 0) return InvalidArgument(where + ": bytes must be positive, got " + std::to_string(*bytes));
+    if (*bytes > limits.max_scratch_bytes)
+      return InvalidArgument(where + ": " + std::to_string(*bytes) + " bytes exceeds the scratch limit of " +
+                             std::to_string(limits.max_scratch_bytes));
+    out->scratch.push_back({name, *bytes});
+  }
+  return Status::Ok();
+}
+
+// The plan's "tensor_maps" list into out->tensor_maps (tensor_map.h), their names into *names.
+Status ResolveTensorMaps(const json& plan, const Signature& sig, const std::set<std::string>& scratch_names,
+                         ResolvedPlan* out, std::set<std::string>* names) {
+  if (!plan.contains("tensor_maps")) return Status::Ok();
+  const json& tm = plan["tensor_maps"];
+  if (!tm.is_array()) return InvalidArgument("tensor_maps must be a list");
+  std::map<std::string, int64_t> scratch_bytes;
+  for (const auto& s : out->scratch) scratch_bytes[s.name] = s.bytes;
+  for (size_t i = 0; i < tm.size(); ++i) {
+    std::string where = "tensor_maps[" + std::to_string(i) + "]";
+    if (tm[i].is_object() && tm[i].contains("name") && tm[i]["name"].is_string())
+      where += " (" + tm[i]["name"].get<std::string>() + ")";
+    auto m = ResolveTensorMap(tm[i], sig, scratch_bytes);
+    if (!m.ok()) return m.status().WithContext(where);
+    if (sig.Find(m->name) || scratch_names.count(m->name))
+      return InvalidArgument(where + ": name collides with a tensor or scratch buffer");
+    if (!names->insert(m->name).second) return InvalidArgument(where + ": duplicate tensor map name");
+    out->tensor_maps.push_back(std::move(*m));
+  }
+  return Status::Ok();
+}
+
+// A launch's shape: grid and block within CUDA's limits, its shared memory
+// within the device's, its cluster dividing the grid.
+Status ResolveShape(const json& l, const std::string& where, const Signature& sig, const KernelInfo& k,
+                    const PlanLimits& limits, PlannedLaunch* pl) {
+  if (!l.contains("grid")) return InvalidArgument(where + ": needs \"grid\"");
+  if (!l.contains("block")) return InvalidArgument(where + ": needs \"block\"");
+  {
+    auto g = EvalDims(l["grid"], sig, "grid");
+    if (!g.ok()) return g.status().WithContext(where);
+    pl->grid = *g;
+    auto b = EvalDims(l["block"], sig, "block");
+    if (!b.ok()) return b.status().WithContext(where);
+    pl->block = *b;
+  }
+  const int64_t kGridMax[3] = {2147483647LL, 65535, 65535};
+  const int64_t kBlockMax[3] = {1024, 1024, 64};
+  for (int d = 0; d < 3; ++d) {
+    const char* axis = "xyz" + d;
+    std::string ax(1, *axis);
+    if (pl->grid[d] < 1 || pl->grid[d] > kGridMax[d])
+      return InvalidArgument(where + ": grid." + ax + " = " + std::to_string(pl->grid[d]) + " is outside 1.." +
+                             std::to_string(kGridMax[d]));
+    if (pl->block[d] < 1 || pl->block[d] > kBlockMax[d])
+      return InvalidArgument(where + ": block." + ax + " = " + std::to_string(pl->block[d]) + " is outside 1.." +
+                             std::to_string(kBlockMax[d]));
+  }
+  int64_t threads = pl->block[0] * pl->block[1] * pl->block[2];
+  if (threads > 1024)
+    return InvalidArgument(where + ": block has " + std::to_string(threads) + " threads; at most 1024");
+  if (l.contains("shared_bytes")) {
+    auto sb = EvalField(l["shared_bytes"], sig);
+    if (!sb.ok()) return sb.status().WithContext(where + ": shared_bytes");
+    pl->shared_bytes = *sb;
+  }
+  if (pl->shared_bytes < 0) return InvalidArgument(where + ": shared_bytes is negative");
+  int64_t total_shared = pl->shared_bytes + k.resources.static_shared_bytes;
+  if (total_shared > limits.max_shared_bytes_per_block)
+    return InvalidArgument(where + ": " + std::to_string(pl->shared_bytes) + " dynamic + " +
+                           std::to_string(k.resources.static_shared_bytes) +
+                           " static bytes of shared memory exceed the device limit of " +
+                           std::to_string(limits.max_shared_bytes_per_block) + " per block");
+  if (l.contains("cluster")) {
+    auto c = EvalDims(l["cluster"], sig, "cluster");
+    if (!c.ok()) return c.status().WithContext(where);
+    int64_t size = 1;
+    for (int d = 0; d < 3; ++d) {
+      if ((*c)[d] < 1) return InvalidArgument(where + ": cluster dimensions must be positive");
+      if (pl->grid[d] % (*c)[d] != 0)
+        return InvalidArgument(where + ": grid is not a multiple of the cluster shape");
+      size *= (*c)[d];
+    }
+    if (size > limits.max_cluster_size)
+      return InvalidArgument(where + ": cluster of " + std::to_string(size) + " blocks; at most " +
+                             std::to_string(limits.max_cluster_size));
+    pl->cluster = *c;
+  }
+  return Status::Ok();
+}
+
+// One entry of "launches": its kernel among those NVRTC found, its shape and
+// its arguments against the kernel's parameters.
+StatusOr<PlannedLaunch> ResolveLaunch(const json& l, size_t li, const Signature& sig,
+                                      const std::vector<KernelInfo>& kernels, const PlanLimits& limits,
+                                      const std::set<std::string>& scratch_names,
+                                      const std::set<std::string>& map_names) {
+  std::string where = "launches[" + std::to_string(li) + "]";
+  if (!l.is_object()) return InvalidArgument(where + ": must be an object");
+  for (const auto& [key, _] : l.items())
+    if (!Accepted(kLaunchKeys, key))
+      return InvalidArgument(where + ": unknown key \"" + key + "\" (a launch has " + KeyList(kLaunchKeys) + ")");
+  if (!l.contains("kernel") || !l["kernel"].is_string()) return InvalidArgument(where + ": needs \"kernel\" (a name)");
+  PlannedLaunch pl;
+  pl.kernel = l["kernel"];
+  where += " (" + pl.kernel + ")";
+  const KernelInfo* k = nullptr;
+  for (const auto& ki : kernels)
+    if (ki.name == pl.kernel) k = &ki;
+  if (!k) {
+    std::string names;
+    for (const auto& ki : kernels) names += (names.empty() ? "" : ", ") + ki.name;
+    return InvalidArgument(where + ": no extern \"C\" __global__ kernel of that name; the source has: " +
+                           (names.empty() ? "none" : names));
+  }
+  KS_RETURN_IF_ERROR(ResolveShape(l, where, sig, *k, limits, &pl));
+  json args = l.value("args", json::array());
+  if (!args.is_array()) return InvalidArgument(where + ": \"args\" must be a list");
+  if (args.size() != k->params.size())
+    return InvalidArgument(where + ": " + std::to_string(args.size()) + " args given but the kernel takes " +
+                           std::to_string(k->params.size()) + " parameters");
+  for (size_t ai = 0; ai < args.size(); ++ai) {
+    auto a = ResolveArg(args[ai], k->params[ai], sig, scratch_names, map_names);
+    if (!a.ok()) {
+      std::string msg = a.status().message();
+      if (msg.find("unknown name") != std::string::npos) msg += " (known: " + KnownNames(sig, scratch_names) + ")";
+      return InvalidArgument(where + ": args[" + std::to_string(ai) + "] " + args[ai].dump() + ": " + msg);
+    }
+    pl.args.push_back(*a);
+  }
+  return pl;
+}
+
+}  // namespace
+
 StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature& sig,
                                    const std::vector<KernelInfo>& kernels, const PlanLimits& limits) {
   json plan = json::parse(plan_json, nullptr, false);
@@ -336,48 +491,9 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
                              "\" (expected \"launches\" and optionally \"scratch\" and \"tensor_maps\")");
   }
   ResolvedPlan out;
-  std::set<std::string> scratch_names;
-  if (plan.contains("scratch")) {
-    const json& sc = plan["scratch"];
-    if (!sc.is_array()) return InvalidArgument("scratch must be a list");
-    for (size_t i = 0; i < sc.size(); ++i) {
-      std::string where = "scratch[" + std::to_string(i) + "]";
-      if (!sc[i].is_object() || !sc[i].contains("name") || !sc[i]["name"].is_string() || !sc[i].contains("bytes"))
-        return InvalidArgument(where + ": needs \"name\" (string) and \"bytes\"");
-      std::string name = sc[i]["name"];
-      where += " (" + name + ")";
-      for (const auto& [key, _] : sc[i].items())
-        if (!Accepted(kScratchKeys, key))
-          return InvalidArgument(where + ": unknown key \"" + key + "\" (a scratch entry has " + KeyList(kScratchKeys) + ")");
-      if (sig.Find(name)) return InvalidArgument(where + ": name collides with a tensor of the signature");
-      if (!scratch_names.insert(name).second) return InvalidArgument(where + ": duplicate scratch name");
-      auto bytes = EvalField(sc[i]["bytes"], sig);
-      if (!bytes.ok()) return bytes.status().WithContext(where + ": bytes");
-      if (*bytes <= 0) return InvalidArgument(where + ": bytes must be positive, got " + std::to_string(*bytes));
-      if (*bytes > limits.max_scratch_bytes)
-        return InvalidArgument(where + ": " + std::to_string(*bytes) + " bytes exceeds the scratch limit of " +
-                               std::to_string(limits.max_scratch_bytes));
-      out.scratch.push_back({name, *bytes});
-    }
-  }
-  std::set<std::string> map_names;
-  if (plan.contains("tensor_maps")) {
-    const json& tm = plan["tensor_maps"];
-    if (!tm.is_array()) return InvalidArgument("tensor_maps must be a list");
-    std::map<std::string, int64_t> scratch_bytes;
-    for (const auto& s : out.scratch) scratch_bytes[s.name] = s.bytes;
-    for (size_t i = 0; i < tm.size(); ++i) {
-      std::string where = "tensor_maps[" + std::to_string(i) + "]";
-      if (tm[i].is_object() && tm[i].contains("name") && tm[i]["name"].is_string())
-        where += " (" + tm[i]["name"].get<std::string>() + ")";
-      auto m = ResolveTensorMap(tm[i], sig, scratch_bytes);
-      if (!m.ok()) return m.status().WithContext(where);
-      if (sig.Find(m->name) || scratch_names.count(m->name))
-        return InvalidArgument(where + ": name collides with a tensor or scratch buffer");
-      if (!map_names.insert(m->name).second) return InvalidArgument(where + ": duplicate tensor map name");
-      out.tensor_maps.push_back(std::move(*m));
-    }
-  }
+  std::set<std::string> scratch_names, map_names;
+  KS_RETURN_IF_ERROR(ResolveScratch(plan, sig, limits, &out, &scratch_names));
+  KS_RETURN_IF_ERROR(ResolveTensorMaps(plan, sig, scratch_names, &out, &map_names));
   if (!plan.contains("launches") || !plan["launches"].is_array() || plan["launches"].empty())
     return InvalidArgument("launch plan needs a non-empty \"launches\" list");
   const json& ls = plan["launches"];
@@ -385,91 +501,7 @@ StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature
     return InvalidArgument("launch plan has " + std::to_string(ls.size()) + " launches; the limit is " +
                            std::to_string(limits.max_launches));
   for (size_t li = 0; li < ls.size(); ++li) {
-    const json& l = ls[li];
-    std::string where = "launches[" + std::to_string(li) + "]";
-    if (!l.is_object()) return InvalidArgument(where + ": must be an object");
-    for (const auto& [key, _] : l.items())
-      if (!Accepted(kLaunchKeys, key))
-        return InvalidArgument(where + ": unknown key \"" + key + "\" (a launch has " + KeyList(kLaunchKeys) + ")");
-    if (!l.contains("kernel") || !l["kernel"].is_string()) return InvalidArgument(where + ": needs \"kernel\" (a name)");
-    PlannedLaunch pl;
-    pl.kernel = l["kernel"];
-    where += " (" + pl.kernel + ")";
-    const KernelInfo* k = nullptr;
-    for (const auto& ki : kernels)
-      if (ki.name == pl.kernel) k = &ki;
-    if (!k) {
-      std::string names;
-      for (const auto& ki : kernels) names += (names.empty() ? "" : ", ") + ki.name;
-      return InvalidArgument(where + ": no extern \"C\" __global__ kernel of that name; the source has: " +
-                             (names.empty() ? "none" : names));
-    }
-    if (!l.contains("grid")) return InvalidArgument(where + ": needs \"grid\"");
-    if (!l.contains("block")) return InvalidArgument(where + ": needs \"block\"");
-    {
-      auto g = EvalDims(l["grid"], sig, "grid");
-      if (!g.ok()) return g.status().WithContext(where);
-      pl.grid = *g;
-      auto b = EvalDims(l["block"], sig, "block");
-      if (!b.ok()) return b.status().WithContext(where);
-      pl.block = *b;
-    }
-    const int64_t kGridMax[3] = {2147483647LL, 65535, 65535};
-    const int64_t kBlockMax[3] = {1024, 1024, 64};
-    for (int d = 0; d < 3; ++d) {
-      const char* axis = "xyz" + d;
-      std::string ax(1, *axis);
-      if (pl.grid[d] < 1 || pl.grid[d] > kGridMax[d])
-        return InvalidArgument(where + ": grid." + ax + " = " + std::to_string(pl.grid[d]) + " is outside 1.." +
-                               std::to_string(kGridMax[d]));
-      if (pl.block[d] < 1 || pl.block[d] > kBlockMax[d])
-        return InvalidArgument(where + ": block." + ax + " = " + std::to_string(pl.block[d]) + " is outside 1.." +
-                               std::to_string(kBlockMax[d]));
-    }
-    int64_t threads = pl.block[0] * pl.block[1] * pl.block[2];
-    if (threads > 1024)
-      return InvalidArgument(where + ": block has " + std::to_string(threads) + " threads; at most 1024");
-    if (l.contains("shared_bytes")) {
-      auto sb = EvalField(l["shared_bytes"], sig);
-      if (!sb.ok()) return sb.status().WithContext(where + ": shared_bytes");
-      pl.shared_bytes = *sb;
-    }
-    if (pl.shared_bytes < 0) return InvalidArgument(where + ": shared_bytes is negative");
-    int64_t total_shared = pl.shared_bytes + k->resources.static_shared_bytes;
-    if (total_shared > limits.max_shared_bytes_per_block)
-      return InvalidArgument(where + ": " + std::to_string(pl.shared_bytes) + " dynamic + " +
-                             std::to_string(k->resources.static_shared_bytes) +
-                             " static bytes of shared memory exceed the device limit of " +
-                             std::to_string(limits.max_shared_bytes_per_block) + " per block");
-    if (l.contains("cluster")) {
-      auto c = EvalDims(l["cluster"], sig, "cluster");
-      if (!c.ok()) return c.status().WithContext(where);
-      int64_t size = 1;
-      for (int d = 0; d < 3; ++d) {
-        if ((*c)[d] < 1) return InvalidArgument(where + ": cluster dimensions must be positive");
-        if (pl.grid[d] % (*c)[d] != 0)
-          return InvalidArgument(where + ": grid is not a multiple of the cluster shape");
-        size *= (*c)[d];
-      }
-      if (size > limits.max_cluster_size)
-        return InvalidArgument(where + ": cluster of " + std::to_string(size) + " blocks; at most " +
-                               std::to_string(limits.max_cluster_size));
-      pl.cluster = *c;
-    }
-    json args = l.value("args", json::array());
-    if (!args.is_array()) return InvalidArgument(where + ": \"args\" must be a list");
-    if (args.size() != k->params.size())
-      return InvalidArgument(where + ": " + std::to_string(args.size()) + " args given but the kernel takes " +
-                             std::to_string(k->params.size()) + " parameters");
-    for (size_t ai = 0; ai < args.size(); ++ai) {
-      auto a = ResolveArg(args[ai], k->params[ai], sig, scratch_names, map_names);
-      if (!a.ok()) {
-        std::string msg = a.status().message();
-        if (msg.find("unknown name") != std::string::npos) msg += " (known: " + KnownNames(sig, scratch_names) + ")";
-        return InvalidArgument(where + ": args[" + std::to_string(ai) + "] " + args[ai].dump() + ": " + msg);
-      }
-      pl.args.push_back(*a);
-    }
+    KS_ASSIGN_OR_RETURN(PlannedLaunch pl, ResolveLaunch(ls[li], li, sig, kernels, limits, scratch_names, map_names));
     out.launches.push_back(std::move(pl));
   }
   return out;

@@ -22,6 +22,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "evaluator" / "reference"))
 import bridge  # noqa: E402
+from ks_bridge import flops as bridge_flops  # noqa: E402
 
 try:
     import torch.utils.flop_counter  # noqa: F401
@@ -198,12 +199,12 @@ def test_signature_subcommand_carries_the_count(tmp_path):
 def test_without_the_counter_the_figure_says_why(tmp_path):
     if HAS_COUNTER:
         # Simulate the old torch: the counter class is what decides.
-        saved = bridge._flop_counter_class
-        bridge._flop_counter_class = lambda: None
+        saved = bridge_flops._flop_counter_class
+        bridge_flops._flop_counter_class = lambda: None
         try:
             f = count(tmp_path, MATMUL)
         finally:
-            bridge._flop_counter_class = saved
+            bridge_flops._flop_counter_class = saved
     else:
         f = count(tmp_path, MATMUL)
     assert f["flops"] is None and f["flops_source"] is None

@@ -11,6 +11,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "evaluator" / "reference"))
 import bridge  # noqa: E402
+from ks_bridge import compile_helper as bridge_compile_helper  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "evaluator" / "fixtures"
 CPU = torch.device("cpu")
@@ -159,7 +160,7 @@ def test_time_compiled_builds_the_same_model_and_sets_and_times_the_compiled_one
     monkeypatch.setattr(torch, "compile", lambda m: (calls.append("compile"), m)[1], raising=False)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (64 << 30, 80 << 30))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
-    monkeypatch.setattr(bridge, "resolve_device", lambda p, d: CPU)
+    monkeypatch.setattr(bridge_compile_helper, "resolve_device", lambda p, d: CPU)
 
     class FakeTimer:
         def __init__(self, device):
@@ -171,7 +172,7 @@ def test_time_compiled_builds_the_same_model_and_sets_and_times_the_compiled_one
 
     monkeypatch.setattr(ks_timing, "Timer", FakeTimer)
     lines = []
-    monkeypatch.setattr(bridge, "_answer_line", lambda obj: lines.append(obj))
+    monkeypatch.setattr(bridge_compile_helper, "_answer_line", lambda obj: lines.append(obj))
     monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
     problem = load("matmul.py")
     args = type("A", (), {"seed": 42, "sets": 3, "device": "cuda"})()
