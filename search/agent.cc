@@ -1,0 +1,207 @@
+#include "search/agent.h"
+
+#include <map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "search/prompts.h"
+
+namespace ks {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kMaxLogChars = 6000;
+
+std::string Capped(const std::string& s, size_t n) {
+  return s.size() <= n ? s : s.substr(0, n) + "\n[... " + std::to_string(s.size() - n) + " more characters]";
+}
+
+json CandidateSchema(const char* what) {
+  return {{"type", "object"},
+          {"properties",
+           {{"source", {{"type", "string"}, {"description", "the CUDA-C source: device code only, extern \"C\" __global__ entry points"}}},
+            {"plan", {{"type", "object"}, {"description", std::string("the launch plan (JSON object) ") + what}}}}},
+          {"required", {"source", "plan"}}};
+}
+
+bool KnownTool(const std::string& name) { return name == "compile" || name == "test" || name == "submit"; }
+
+// The candidate a call carries, or why it carries none (answered as a tool error).
+StatusOr<Candidate> CandidateOf(const ToolCall& call) {
+  if (!call.arguments_error.empty())
+    return InvalidArgument(call.arguments_error + "; send an object {\"source\": \"...\", \"plan\": {...}}");
+  const json& a = call.arguments;
+  if (!a.contains("source") || !a["source"].is_string() || a["source"].get<std::string>().empty())
+    return InvalidArgument("missing \"source\": the CUDA-C source, as a string");
+  if (!a.contains("plan")) return InvalidArgument("missing \"plan\": the launch plan, a JSON object");
+  Candidate c{a["source"].get<std::string>(), ""};
+  if (a["plan"].is_object()) {
+    c.plan_json = a["plan"].dump(2);
+  } else if (a["plan"].is_string() && json::parse(a["plan"].get<std::string>(), nullptr, false).is_object()) {
+    c.plan_json = a["plan"].get<std::string>();  // a plan sent as JSON text is taken as it is
+  } else {
+    return InvalidArgument("\"plan\" is not a JSON object (the launch plan)");
+  }
+  return c;
+}
+
+// Runs one tool call; a malformed call becomes a tool error, only the
+// evaluator or the store failing is a Status.
+StatusOr<store::AttemptRow> Execute(const AgentTask& task, const ToolCall& call, int turn, int index,
+                                    AgentHost* host) {
+  store::AttemptRow row;
+  row.search_id = task.search_id;
+  row.idea_id = task.idea_id;
+  row.slot_key = task.slot;
+  row.turn = turn;
+  row.call_index = index;
+  row.tool_call_id = call.id;
+  row.tool = call.name;
+  row.arguments = call.arguments.is_string() ? call.arguments.get<std::string>() : call.arguments.dump();
+  auto tool_error = [&row](const std::string& why) {
+    row.is_error = true;
+    row.status = "tool_error";
+    row.result = "error: " + why;
+    return row;
+  };
+  if (!KnownTool(call.name))
+    return tool_error("unknown tool '" + call.name + "'; the tools are compile, test and submit");
+  StatusOr<Candidate> c = CandidateOf(call);
+  if (!c.ok()) return tool_error(c.status().message());
+  row.source = c->source;
+  row.plan_json = c->plan_json;
+  if (call.name == "submit") {
+    row.result = "submitted: the candidate is judged now on the judging input sets";
+    return row;
+  }
+  KS_ASSIGN_OR_RETURN(Evaluation e, host->Practice(*c));
+  row.evaluation_json = EvaluationToJson(e).dump();
+  row.status = EvalStatusName(e.status);
+  row.result = call.name == "compile" ? CompileDigest(e) : TestDigest(e, task.signature);
+  return row;
+}
+
+Message ToolMessage(const store::AttemptRow& row) {
+  Message m;
+  m.role = "tool";
+  m.tool_call_id = row.tool_call_id;
+  m.tool_name = row.tool;
+  m.text = row.result;
+  m.is_error = row.is_error;
+  return m;
+}
+
+}  // namespace
+
+std::vector<ToolSpec> AgentTools() {
+  return {
+      {"compile", "Compile a draft with NVRTC and resolve its launch plan, on the GPU that judges it. Returns the "
+                  "status, the compiler log, registers, shared memory and spills per kernel, and the resolved launches.",
+       CandidateSchema("to resolve")},
+      {"test", "Run a draft on practice input sets (other seeds than the judging sets) in the sandboxed worker. "
+               "Returns correctness figures per output (relative norm vs its bound, mismatches, the first wrong "
+               "element by position), the median time, speedups, the roofline fraction and per-launch figures.",
+       CandidateSchema("to run")},
+      {"submit", "Submit the final candidate. It is judged on the judging input sets; the conversation ends.",
+       CandidateSchema("of the final candidate")},
+  };
+}
+
+std::string AgentInstructions(const AgentLimits& limits) {
+  std::string budget = fmt::format("at most {} tool calls and {} turns", limits.max_tool_calls, limits.max_turns);
+  if (limits.max_tokens > 0) budget += fmt::format(" and {} tokens", limits.max_tokens);
+  return "## Working with tools\n\n"
+         "You may work on this idea like an engineer at a terminal: call `compile` to see compiler errors, "
+         "registers, shared memory and spills; call `test` to run a draft on practice input sets and see its "
+         "errors and timing. When satisfied, call `submit` with the final source and launch plan; it is then "
+         "judged on other input sets than the practice ones, so do not tune to the practice figures. Each tool "
+         "takes {\"source\": the CUDA-C source, \"plan\": the launch plan as a JSON object}. You have " +
+         budget + "; when they run out, the last draft that tested correct is judged.";
+}
+
+std::string CompileDigest(const Evaluation& e) {
+  if (e.status == EvalStatus::kCompileError)
+    return "compile error: " + e.message + "\ncompiler log:\n" + Capped(e.compile_log, kMaxLogChars);
+  if (e.status == EvalStatus::kInvalidPlan) return "invalid launch plan: " + e.message;
+  std::string out = "compiled (target " + (e.target.empty() ? std::string("default") : e.target) + ")\n";
+  if (!e.compile_log.empty()) out += "compiler log:\n" + Capped(e.compile_log, kMaxLogChars) + "\n";
+  for (const auto& r : e.resources)
+    out += fmt::format("kernel {}: {} registers/thread, {} B static shared, {} B stack frame, spills: {} B stores, "
+                       "{} B loads\n",
+                       r.kernel, r.registers, r.static_shared_bytes, r.stack_frame_bytes, r.spill_store_bytes,
+                       r.spill_load_bytes);
+  for (const auto& l : e.launches)
+    out += fmt::format("launch {}: grid ({}, {}, {}), block ({}, {}, {}), {} B dynamic shared\n", l.kernel, l.grid[0],
+                       l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared_bytes);
+  return out;
+}
+
+std::string TestDigest(const Evaluation& e, const Signature* sig) {
+  std::string out = fmt::format("status: {} (practice input sets)\n", EvalStatusName(e.status));
+  if (e.status != EvalStatus::kCorrect) out += FailureDetails(e, sig) + "\n";
+  for (const auto& o : e.errors)
+    if (o.rel_norm_bound > 0)
+      out += fmt::format("output {}: relative norm {:.3g} vs its bound {:.3g}, {} mismatches\n", o.name, o.rel_norm,
+                         o.rel_norm_bound, o.mismatches);
+  if (e.timing) out += "figures: " + FiguresLine(e) + "\n";
+  json j = EvaluationToJson(e);
+  if (j.contains("launch_profiles") && !j["launch_profiles"].empty())
+    out += "per launch: " + j["launch_profiles"].dump() + "\n";
+  return out;
+}
+
+StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
+  ConversationRequest conv;
+  conv.role = "implement";
+  conv.system = task.system;
+  conv.tools = AgentTools();
+  conv.messages.push_back({.role = "user", .text = task.prompt + "\n\n" + AgentInstructions(task.limits)});
+  std::map<std::pair<int, int>, store::AttemptRow> stored;
+  KS_ASSIGN_OR_RETURN(auto rows, host->StoredAttempts(task.slot));
+  for (auto& r : rows) stored[{r.turn, r.call_index}] = std::move(r);
+
+  AgentOutcome out;
+  std::optional<Candidate> last_correct;
+  const AgentLimits& lim = task.limits;
+  for (int turn = 0;; ++turn) {
+    if (turn >= lim.max_turns) { out.stop = "turns"; break; }
+    if (out.tool_calls >= lim.max_tool_calls) { out.stop = "tool calls"; break; }
+    if (lim.max_tokens > 0 && out.tokens >= lim.max_tokens) { out.stop = "tokens"; break; }
+    KS_ASSIGN_OR_RETURN(auto reply, host->Converse(conv, fmt::format("{}/t{}", task.slot, turn)));
+    if (!reply) { out.stop = "refused"; break; }
+    ++out.turns;
+    out.tokens += reply->tokens_in + reply->tokens_out;
+    conv.messages.push_back(reply->message);
+    if (reply->message.tool_calls.empty()) {
+      out.final_text = reply->message.text;
+      out.stop = "answered";
+      return out;
+    }
+    for (int i = 0; i < static_cast<int>(reply->message.tool_calls.size()); ++i) {
+      if (out.tool_calls >= lim.max_tool_calls) break;
+      const ToolCall& call = reply->message.tool_calls[i];
+      store::AttemptRow row;
+      if (auto it = stored.find({turn, i}); it != stored.end() && it->second.tool_call_id == call.id) {
+        row = it->second;  // resumed: this call ran before the process stopped
+      } else {
+        KS_ASSIGN_OR_RETURN(row, Execute(task, call, turn, i, host));
+        KS_RETURN_IF_ERROR(host->StoreAttempt(row));
+      }
+      ++out.tool_calls;
+      conv.messages.push_back(ToolMessage(row));
+      if (row.tool == "test" && row.status == "correct") last_correct = Candidate{row.source, row.plan_json};
+      if (row.tool == "submit" && !row.is_error) {
+        out.candidate = Candidate{row.source, row.plan_json};
+        out.submitted = true;
+        out.stop = "submitted";
+        return out;
+      }
+    }
+  }
+  out.candidate = last_correct;
+  return out;
+}
+
+}  // namespace ks
