@@ -72,17 +72,16 @@ class CommandClient final : public LlmClient {
                          .cancel = request.cancel};
     StatusOr<std::string> out = Run(as_prompt, rec, kConversationProtocol);
     rec->latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    StatusOr<AssistantReply> reply = out.status();
-    if (out.ok()) {
-      nlohmann::json j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
-      reply = ReplyFromJson(j);
-      if (!reply.ok())
-        reply = Unavailable("command '" + command_ + "' did not answer in " + kConversationProtocol + ": " +
-                            reply.status().message() + "; stdout starts: " + BodyExcerpt(*out, 200));
+    if (!out.ok()) {
+      rec->error = out.status().message();
+      return out.status();
     }
+    StatusOr<AssistantReply> reply = ReplyFromJson(nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false));
     if (!reply.ok()) {
-      rec->error = reply.status().message();
-      return reply.status();
+      Status bad = Unavailable("command '" + command_ + "' did not answer in " + kConversationProtocol + ": " +
+                               reply.status().message() + "; stdout starts: " + BodyExcerpt(*out, 200));
+      rec->error = bad.message();
+      return bad;
     }
     // Usage: the reply's own figures, else the usage file's, else estimated.
     if (reply->tokens_in || reply->tokens_out) rec->tokens_in = reply->tokens_in, rec->tokens_out = reply->tokens_out;

@@ -120,16 +120,7 @@ StatusOr<AssistantReply> HttpBackend::Converse(const ConversationRequest& reques
   StartRecord(request.role, request.system, ConversationToJson(request).dump(), rec);
   double start = Now();
   CancelFlags flags = {request.cancel, config_.cancel};
-  StatusOr<Reply> reply = Cancelled("cancelled while waiting for a free " + backend_ + " slot");
-  {
-    ConcurrencyLimiter::Slot slot(&limiter_, flags);
-    if (slot.acquired()) {
-      ConversationRequest effective = request;
-      if (config_.temperature) effective.temperature = *config_.temperature;
-      if (config_.max_tokens) effective.max_tokens = *config_.max_tokens;
-      reply = Exchange(BuildConverseCall(effective), flags, rec);
-    }
-  }
+  StatusOr<Reply> reply = ConverseInner(request, flags, rec);
   rec->latency_s = Now() - start;
   rec->cost_usd = (rec->tokens_in * config_.price_in_per_mtok + rec->tokens_out * config_.price_out_per_mtok) / 1e6;
   if (!reply.ok()) {
@@ -146,6 +137,16 @@ StatusOr<AssistantReply> HttpBackend::Converse(const ConversationRequest& reques
   out.tokens_out = reply->tokens_out;
   rec->response = ReplyToJson(out).dump();
   return out;
+}
+
+StatusOr<HttpBackend::Reply> HttpBackend::ConverseInner(const ConversationRequest& request, const CancelFlags& flags,
+                                                        LlmCallRecord* rec) {
+  ConcurrencyLimiter::Slot slot(&limiter_, flags);
+  if (!slot.acquired()) return Cancelled("cancelled while waiting for a free " + backend_ + " slot");
+  ConversationRequest effective = request;
+  if (config_.temperature) effective.temperature = *config_.temperature;
+  if (config_.max_tokens) effective.max_tokens = *config_.max_tokens;
+  return Exchange(BuildConverseCall(effective), flags, rec);
 }
 
 StatusOr<std::string> HttpBackend::CompleteInner(const LlmRequest& request, LlmCallRecord* rec) {

@@ -58,6 +58,7 @@ class HttpBackend : public LlmClient {
 
  private:
   StatusOr<std::string> CompleteInner(const LlmRequest& request, LlmCallRecord* record);
+  StatusOr<Reply> ConverseInner(const ConversationRequest& request, const CancelFlags& flags, LlmCallRecord* rec);
   // Sends `call` with retries and reads the reply; fills the record's usage,
   // finish reason and attempts.
   StatusOr<Reply> Exchange(const Call& call, const CancelFlags& flags, LlmCallRecord* rec);

@@ -84,7 +84,7 @@ StatusOr<AttemptCounts> LineageStore::CountAttempts(int64_t search_id) {
   std::lock_guard<std::mutex> lock(mu_);
   KS_STMT(q, "SELECT COUNT(*), COALESCE(SUM(is_error), 0), "
              "COALESCE(SUM(CASE WHEN evaluation_json != '' THEN 1 ELSE 0 END), 0), "
-             "COALESCE(SUM(CASE WHEN candidate_id IS NOT NULL THEN 1 ELSE 0 END), 0) "
+             "COALESCE(SUM(CASE WHEN tool = 'submit' AND is_error = 0 THEN 1 ELSE 0 END), 0) "
              "FROM attempts WHERE search_id = ?");
   q.Bind(1, search_id);
   KS_ASSIGN_OR_RETURN(bool row, q.Step());

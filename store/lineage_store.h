@@ -140,7 +140,8 @@ struct AttemptRow {
   bool is_error = false;  // answered as a tool error
   std::string result;     // what the model was told
   std::string evaluation_json;  // the practice evaluation, when one ran
-  std::optional<int64_t> candidate_id;  // submit: the candidate stored for judging
+  // Unused so far: the submitted candidate is the one stored under slot_key.
+  std::optional<int64_t> candidate_id;
   std::string created;
 };
 
