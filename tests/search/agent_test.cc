@@ -129,8 +129,8 @@ class AgentTest : public ::testing::Test {
   }
 
   StatusOr<SearchOutcome> RunSearch(int64_t id, LlmClient* llm, Orchestrator** orch_out = nullptr) {
-    Orchestrator orch({.store = store_.get(), .llm = llm, .evaluator = &judge_, .prompts = &prompts_,
-                       .practice_evaluator = &practice_},
+    Orchestrator orch({.store = store_.get(), .llm = llm, .evaluator = judge_.get(), .prompts = &prompts_,
+                       .practice_evaluator = practice_.get()},
                       nullptr);
     if (orch_out) *orch_out = &orch;
     return orch.Run(id);
@@ -158,15 +158,15 @@ class AgentTest : public ::testing::Test {
     EXPECT_EQ(cands[0].slot_key, attempts[0].slot_key);
     ASSERT_TRUE(cands[0].evaluation.has_value());
     EXPECT_EQ(cands[0].evaluation->status, EvalStatus::kCorrect);
-    EXPECT_EQ(practice_.evaluated(), 4);  // compile x2, test x2: practice sets only
-    EXPECT_EQ(judge_.evaluated(), 1);     // the submitted candidate, judged once
+    EXPECT_EQ(practice_->evaluated(), 4);  // compile x2, test x2: practice sets only
+    EXPECT_EQ(judge_->evaluated(), 1);     // the submitted candidate, judged once
   }
 
   std::filesystem::path dir_;
   PromptLibrary prompts_;
   std::unique_ptr<LineageStore> store_;
-  ScriptedEvaluator judge_{ScriptedEvaluatorOptions{}};
-  ScriptedEvaluator practice_{ScriptedEvaluatorOptions{}};
+  std::unique_ptr<ScriptedEvaluator> judge_ = std::make_unique<ScriptedEvaluator>(ScriptedEvaluatorOptions{});
+  std::unique_ptr<ScriptedEvaluator> practice_ = std::make_unique<ScriptedEvaluator>(ScriptedEvaluatorOptions{});
 };
 
 TEST_F(AgentTest, OpenAiToolsScriptedAgentCompilesTestsFixesAndSubmits) {
@@ -277,6 +277,33 @@ TEST_F(AgentTest, CommandProtocolScriptedAgentCompilesTestsFixesAndSubmits) {
   EXPECT_EQ(CountLines(dir_ / "calls.log"), 5);
 }
 
+TEST_F(AgentTest, RecordedAgentConversationReplaysExactly) {
+  std::string spec = WriteCommandAgent(dir_);
+  LlmConfig config;
+  config.spec = spec;
+  config.record_path = (dir_ / "agent.jsonl").string();
+  auto recording = MakeLlmClient(config);
+  ASSERT_TRUE(recording.ok()) << recording.status().ToString();
+  int64_t id = NewSearch(AgentConfig(spec));
+  ASSERT_TRUE(RunSearch(id, recording->get()).ok());
+  ExpectScriptedAgentLineage(id);
+  ASSERT_EQ(CountLines(dir_ / "calls.log"), 5);
+
+  // A second store, the transcript as the model: the same conversation, no command run.
+  auto replay_store = LineageStore::Open((dir_ / "replay.db").string());
+  ASSERT_TRUE(replay_store.ok());
+  std::swap(store_, *replay_store);
+  judge_ = std::make_unique<ScriptedEvaluator>(ScriptedEvaluatorOptions{});
+  practice_ = std::make_unique<ScriptedEvaluator>(ScriptedEvaluatorOptions{});
+  auto replay = Client("replay:" + config.record_path);
+  int64_t replay_id = NewSearch(AgentConfig("replay:" + config.record_path));
+  auto out = RunSearch(replay_id, replay.get());
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->status, SearchStatus::kFinished);
+  ExpectScriptedAgentLineage(replay_id);
+  EXPECT_EQ(CountLines(dir_ / "calls.log"), 5);
+}
+
 TEST_F(AgentTest, ToolCallBudgetStopsTheAgentCleanly) {
   std::string spec = WriteCommandAgent(dir_);
   auto llm = Client(spec);
@@ -349,7 +376,7 @@ TEST_F(AgentTest, CancelMidConversationThenResumeRepeatsNoModelCall) {
     slow.delay_ms = 200;  // time to cancel between turns
     ScriptedEvaluator practice(slow);
     std::atomic<bool> cancel{false};
-    Orchestrator orch({.store = store_.get(), .llm = llm.get(), .evaluator = &judge_, .prompts = &prompts_,
+    Orchestrator orch({.store = store_.get(), .llm = llm.get(), .evaluator = judge_.get(), .prompts = &prompts_,
                        .cancel = &cancel, .practice_evaluator = &practice},
                       nullptr);
     // Cancelled once turn 1's reply is stored and its first tool call ran
