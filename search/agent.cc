@@ -152,6 +152,54 @@ std::string TestDigest(const Evaluation& e, const Signature* sig) {
   return out;
 }
 
+StatusOr<AgentTrail> LoadAgentTrail(store::LineageStore* store, const store::CandidateRow& candidate) {
+  AgentTrail trail;
+  KS_ASSIGN_OR_RETURN(trail.attempts, store->ListAttempts(candidate.search_id, candidate.slot_key));
+  if (candidate.evaluation) trail.judged_status = EvalStatusName(candidate.evaluation->status);
+  for (const auto& a : trail.attempts) {
+    if (a.tool != "test" || a.evaluation_json.empty() || a.source != candidate.source) continue;
+    if (a.plan_json != candidate.plan_json) continue;
+    trail.practice_status = a.status;
+    json e = json::parse(a.evaluation_json, nullptr, false);
+    trail.practice_ms.reset();
+    if (auto ev = EvaluationFromJson(e); ev.ok() && ev->timing) trail.practice_ms = ev->timing->median_ms;
+  }
+  return trail;
+}
+
+std::string AgentTrailText(const AgentTrail& trail, const std::string& indent) {
+  if (trail.attempts.empty()) return "";
+  std::string out;
+  for (const auto& a : trail.attempts) {
+    std::string what = a.status.empty() ? "" : a.status;
+    if (a.is_error) what += ": " + a.result.substr(0, a.result.find('\n'));
+    if (!a.evaluation_json.empty() && a.tool == "test") {
+      json e = json::parse(a.evaluation_json, nullptr, false);
+      if (auto ev = EvaluationFromJson(e); ev.ok() && ev->timing) what += fmt::format(", {:.4f} ms", ev->timing->median_ms);
+    }
+    out += fmt::format("{}turn {} {:<8} {}\n", indent, a.turn, a.tool, what);
+  }
+  if (trail.practice_status.empty()) {
+    out += indent + "practice vs judging: the final candidate was not tested on practice sets\n";
+  } else {
+    out += fmt::format("{}practice vs judging: {} on practice sets, {} when judged{}\n", indent, trail.practice_status,
+                       trail.judged_status.empty() ? "pending" : trail.judged_status,
+                       trail.disagrees() ? "  <-- DISAGREE (over-fitted to the practice sets?)" : "");
+  }
+  return out;
+}
+
+json AgentTrailJson(const AgentTrail& trail) {
+  json attempts = json::array();
+  for (const auto& a : trail.attempts)
+    attempts.push_back({{"turn", a.turn}, {"call", a.call_index}, {"tool", a.tool}, {"status", a.status},
+                        {"is_error", a.is_error}, {"result", a.result}});
+  json j = {{"attempts", attempts}, {"practice_status", trail.practice_status},
+            {"judged_status", trail.judged_status}, {"practice_disagrees", trail.disagrees()}};
+  j["practice_ms"] = trail.practice_ms ? json(*trail.practice_ms) : json();
+  return j;
+}
+
 StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
   ConversationRequest conv;
   conv.role = "implement";

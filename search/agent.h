@@ -94,6 +94,27 @@ std::string AgentInstructions(const AgentLimits& limits);
 
 StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host);
 
+// An implementation's attempts as `show`, `lineage` and the report show them:
+// its tool calls in order and what the practice sets said of the candidate
+// it ended with, beside what the judging sets said.
+struct AgentTrail {
+  std::vector<store::AttemptRow> attempts;  // empty: not an agent's candidate
+  // The last practice test of exactly the judged source and plan, if any.
+  std::string practice_status;              // "" when the candidate was never tested
+  std::optional<double> practice_ms;
+  std::string judged_status;                // "" while pending
+  // Correct on practice sets but not when judged, or the other way round:
+  // over-fitting to the practice sets shows here.
+  bool disagrees() const {
+    return !practice_status.empty() && !judged_status.empty() &&
+           (practice_status == "correct") != (judged_status == "correct");
+  }
+};
+StatusOr<AgentTrail> LoadAgentTrail(store::LineageStore* store, const store::CandidateRow& candidate);
+// One line per tool call under `indent`, then the practice-vs-judging line.
+std::string AgentTrailText(const AgentTrail& trail, const std::string& indent);
+nlohmann::json AgentTrailJson(const AgentTrail& trail);
+
 // What a tool answers for a practice evaluation (exposed for tests).
 std::string CompileDigest(const Evaluation& e);
 std::string TestDigest(const Evaluation& e, const Signature* sig);
