@@ -143,6 +143,12 @@ TEST_F(AgentE2eTest, KillNineMidConversationThenResumeRepeatsNoModelCall) {
   EXPECT_NE(show.out.find("correct on practice sets, correct when judged"), std::string::npos) << show.out;
   SubprocessResult lineage = Run({kBinary, "lineage", std::to_string(cands[0].id), "--db", db});
   EXPECT_NE(lineage.out.find("|- turn 3 submit"), std::string::npos) << lineage.out;
+  SubprocessResult report = Run({kBinary, "report", "1", "--db", db, "--json"});
+  json rj = json::parse(report.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object() && rj.contains("candidates")) << report.out.substr(0, 500);
+  ASSERT_EQ(rj["candidates"].size(), 1u);
+  EXPECT_EQ(rj["candidates"][0]["agent"]["attempts"].size(), 5u);
+  EXPECT_FALSE(rj["candidates"][0]["agent"]["practice_disagrees"].get<bool>());
   SubprocessResult history = Run({kBinary, "history", "--db", db, "--json"});
   json h = json::parse(history.out, nullptr, false);
   ASSERT_TRUE(h.is_array() && h.size() == 1) << history.out;
