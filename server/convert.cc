@@ -70,6 +70,10 @@ SearchConfig ToSearchConfig(const pb::SearchConfig& c, const SearchConfig& serve
   out.budget_tokens = c.budget_tokens();
   out.budget_minutes = c.budget_minutes();
   out.target_speedup = c.target_speedup();
+  if (!c.implement().empty()) out.implement = c.implement();
+  if (c.agent_turns() > 0) out.agent_turns = c.agent_turns();
+  if (c.agent_tool_calls() > 0) out.agent_tool_calls = c.agent_tool_calls();
+  out.agent_tokens = c.agent_tokens();
   return out;
 }
 
@@ -85,6 +89,10 @@ pb::SearchConfig FromSearchConfig(const SearchConfig& c) {
   out.set_budget_tokens(c.budget_tokens);
   out.set_budget_minutes(c.budget_minutes);
   out.set_target_speedup(c.target_speedup);
+  out.set_implement(c.implement);
+  out.set_agent_turns(c.agent_turns);
+  out.set_agent_tool_calls(c.agent_tool_calls);
+  out.set_agent_tokens(c.agent_tokens);
   return out;
 }
 
