@@ -26,7 +26,13 @@ json CandidateSchema(const char* what) {
           {"required", {"source", "plan"}}};
 }
 
-bool KnownTool(const std::string& name) { return name == "compile" || name == "test" || name == "submit"; }
+bool Offered(const AgentTask& task, const std::string& name) {
+  return name == "compile" || name == "test" || name == "submit" || (task.profile && name == "profile");
+}
+
+std::string OfferedList(const AgentTask& task) {
+  return task.profile ? "compile, test, profile and submit" : "compile, test and submit";
+}
 
 // The candidate a call carries, or why it carries none (answered as a tool error).
 StatusOr<Candidate> CandidateOf(const ToolCall& call) {
@@ -66,14 +72,22 @@ StatusOr<store::AttemptRow> Execute(const AgentTask& task, const ToolCall& call,
     row.result = "error: " + why;
     return row;
   };
-  if (!KnownTool(call.name))
-    return tool_error("unknown tool '" + call.name + "'; the tools are compile, test and submit");
+  if (!Offered(task, call.name))
+    return tool_error("unknown tool '" + call.name + "'; the tools are " + OfferedList(task));
   StatusOr<Candidate> c = CandidateOf(call);
   if (!c.ok()) return tool_error(c.status().message());
   row.source = c->source;
   row.plan_json = c->plan_json;
   if (call.name == "submit") {
     row.result = "submitted: the candidate is judged now on the judging input sets";
+    return row;
+  }
+  if (call.name == "profile") {
+    KS_ASSIGN_OR_RETURN(CounterReport report, host->Profile(*c));
+    if (report.launches.empty())
+      return tool_error("no counters: " + (report.note.empty() ? std::string("none were read") : report.note));
+    row.status = "profiled";
+    row.result = "hardware counters (Nsight Compute, practice input sets):\n" + CountersText(report, "- ", 6000);
     return row;
   }
   KS_ASSIGN_OR_RETURN(Evaluation e, host->Practice(*c));
@@ -95,8 +109,8 @@ Message ToolMessage(const store::AttemptRow& row) {
 
 }  // namespace
 
-std::vector<ToolSpec> AgentTools() {
-  return {
+std::vector<ToolSpec> AgentTools(bool profile) {
+  std::vector<ToolSpec> tools = {
       {"compile", "Compile a draft with NVRTC and resolve its launch plan, on the GPU that judges it. Returns the "
                   "status, the compiler log, registers, shared memory and spills per kernel, and the resolved launches.",
        CandidateSchema("to resolve")},
@@ -107,15 +121,25 @@ std::vector<ToolSpec> AgentTools() {
       {"submit", "Submit the final candidate. It is judged on the judging input sets; the conversation ends.",
        CandidateSchema("of the final candidate")},
   };
+  if (profile)
+    tools.insert(tools.end() - 1,
+                 {"profile", "Read the hardware counters (Nsight Compute) of each launch of a draft on a practice "
+                             "input set: DRAM and L2 throughput, SM and tensor pipe use, occupancy, the top warp "
+                             "stalls, cache hit rates, shared-memory bank conflicts, spill traffic. Slower than test.",
+                  CandidateSchema("to profile")});
+  return tools;
 }
 
-std::string AgentInstructions(const AgentLimits& limits) {
+std::string AgentInstructions(const AgentLimits& limits, bool profile) {
   std::string budget = fmt::format("at most {} tool calls and {} turns", limits.max_tool_calls, limits.max_turns);
   if (limits.max_tokens > 0) budget += fmt::format(" and {} tokens", limits.max_tokens);
   return "## Working with tools\n\n"
          "You may work on this idea like an engineer at a terminal: call `compile` to see compiler errors, "
          "registers, shared memory and spills; call `test` to run a draft on practice input sets and see its "
-         "errors and timing. When satisfied, call `submit` with the final source and launch plan; it is then "
+         "errors and timing" +
+         std::string(profile ? "; call `profile` to read a draft's hardware counters (throughput, occupancy, "
+                               "stalls)" : "") +
+         ". When satisfied, call `submit` with the final source and launch plan; it is then "
          "judged on other input sets than the practice ones, so do not tune to the practice figures. Each tool "
          "takes {\"source\": the CUDA-C source, \"plan\": the launch plan as a JSON object}. You have " +
          budget + "; when they run out, the last draft that tested correct is judged.";
@@ -204,8 +228,8 @@ StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
   ConversationRequest conv;
   conv.role = "implement";
   conv.system = task.system;
-  conv.tools = AgentTools();
-  conv.messages.push_back({.role = "user", .text = task.prompt + "\n\n" + AgentInstructions(task.limits)});
+  conv.tools = AgentTools(task.profile);
+  conv.messages.push_back({.role = "user", .text = task.prompt + "\n\n" + AgentInstructions(task.limits, task.profile)});
   std::map<std::pair<int, int>, store::AttemptRow> stored;
   KS_ASSIGN_OR_RETURN(auto rows, host->StoredAttempts(task.slot));
   for (auto& r : rows) stored[{r.turn, r.call_index}] = std::move(r);

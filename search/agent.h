@@ -12,8 +12,9 @@
 //                          per-launch figures, as the evaluator reports them
 //   submit(source, plan)   ends the conversation; the candidate is judged by
 //                          the search's ordinary evaluation
-//   profile                not offered yet: the counter digest (issue 26)
-//                          reaches the model through the next round's prompts
+//   profile(source, plan)  the hardware-counter digest of each launch (Nsight
+//                          Compute, evaluator/counters.h), offered only where
+//                          the practice evaluator can read counters
 // Honest by construction: compile and test run on PRACTICE input sets (a
 // reference prepared from another seed than the judging one), through the same
 // sandboxed evaluator and checks; a tool answers error figures, never
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 #include "llm/conversation.h"
@@ -60,6 +62,8 @@ class AgentHost {
                                                            const std::string& slot) = 0;
   // The practice evaluation of one candidate (never the judging sets).
   virtual StatusOr<Evaluation> Practice(const Candidate& candidate) = 0;
+  // Its hardware counters, from one more verified practice run.
+  virtual StatusOr<CounterReport> Profile(const Candidate& candidate) = 0;
   virtual StatusOr<std::vector<store::AttemptRow>> StoredAttempts(const std::string& slot) = 0;
   virtual Status StoreAttempt(const store::AttemptRow& attempt) = 0;
 };
@@ -72,6 +76,7 @@ struct AgentTask {
   std::string prompt;         // the implement prompt
   const Signature* signature = nullptr;  // names a first wrong element by position; may be null
   AgentLimits limits;
+  bool profile = false;       // offer the profile tool (the practice evaluator reads counters)
 };
 
 struct AgentOutcome {
@@ -88,9 +93,9 @@ struct AgentOutcome {
   int64_t tokens = 0;
 };
 
-std::vector<ToolSpec> AgentTools();
+std::vector<ToolSpec> AgentTools(bool profile);
 // The instructions appended to the implement prompt in agent mode.
-std::string AgentInstructions(const AgentLimits& limits);
+std::string AgentInstructions(const AgentLimits& limits, bool profile);
 
 StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host);
 

@@ -50,6 +50,15 @@ class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
     return std::move(out.front());
   }
 
+  StatusOr<CounterReport> Profile(const Candidate& candidate) override {
+    CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
+    if (!ev) return FailedPrecondition("agent mode needs a practice evaluator (the GPU side)");
+    std::lock_guard<std::mutex> lock(run_->practice_mu_);
+    std::vector<CounterReport> out = ev->ReadCounters({candidate});
+    if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " reports");
+    return std::move(out.front());
+  }
+
   StatusOr<std::vector<store::AttemptRow>> StoredAttempts(const std::string& slot) override {
     return run_->store_->ListAttempts(run_->search_id_, slot);
   }
@@ -72,6 +81,7 @@ Status Orchestrator::SearchRun::AgentImplement(const IdeaRow& idea, std::optiona
   task.prompt = prompt.user;
   task.signature = &problem_.signature;
   task.limits = {config_.agent_turns, config_.agent_tool_calls, config_.agent_tokens};
+  task.profile = o_->deps_.practice_evaluator && o_->deps_.practice_evaluator->CanReadCounters();
   AgentHostImpl host(this);
   KS_ASSIGN_OR_RETURN(AgentOutcome outcome, RunAgent(task, &host));
   CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,

@@ -400,6 +400,36 @@ TEST_F(AgentTest, CancelMidConversationThenResumeRepeatsNoModelCall) {
   EXPECT_EQ(bodies.size(), 5u);  // no request sent twice
 }
 
+TEST_F(AgentTest, ProfileIsOfferedWhereThePracticeEvaluatorReadsCounters) {
+  LaunchCounters l;
+  l.kernel = "k";
+  l.duration_ms = 0.5;
+  l.dram_pct = 87;
+  l.achieved_occupancy_pct = 61;
+  ScriptedEvaluatorOptions with_counters;
+  with_counters.counters = CounterReport{{l}, "", 0.4};
+  practice_ = std::make_unique<ScriptedEvaluator>(with_counters);
+  testing::FakeLlmServer server;
+  server.Script({{200, OpenAiTurn(0, {{"profile", Args("FAKE_MS(0.5)")}})},
+                 {200, OpenAiTurn(1, {{"submit", Args("FAKE_MS(0.5)")}})}});
+  std::string spec = "openai:gpt-test@" + server.openai_base();
+  auto llm = Client(spec);
+  int64_t id = NewSearch(AgentConfig(spec));
+  auto out = RunSearch(id, llm.get());
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto seen = server.seen();
+  ASSERT_EQ(seen.size(), 2u);
+  json tools = json::parse(seen[0].body)["tools"];
+  ASSERT_EQ(tools.size(), 4u);
+  EXPECT_EQ(tools[2]["function"]["name"], "profile");
+  auto attempts = *store_->ListAttempts(id);
+  ASSERT_EQ(attempts.size(), 2u);
+  EXPECT_EQ(attempts[0].status, "profiled");
+  EXPECT_NE(attempts[0].result.find("87"), std::string::npos) << attempts[0].result;
+  EXPECT_EQ(practice_->profiled(), 1);
+  EXPECT_EQ(store_->ListCandidates(id)->size(), 1u);
+}
+
 TEST(AgentToolsTest, MalformedArgumentsAreToolErrorsNotFailures) {
   ToolCall bad;
   bad.name = "test";
