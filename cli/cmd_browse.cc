@@ -12,6 +12,7 @@
 #include "evaluator/evaluation.h"
 #include "evaluator/launch_profile.h"
 #include "evaluator/roofline.h"
+#include "search/agent.h"
 #include "search/export.h"
 #include "store/lineage_store.h"
 
@@ -94,7 +95,7 @@ int History(const BrowseFlags& f) {
   }
   if (f.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& s : all)
+    for (const auto& s : all) {
       arr.push_back({{"search", s.search.id}, {"problem", s.problem_name},
                      {"status", store::SearchStatusName(s.search.status)}, {"stop_reason", s.search.stop_reason},
                      // As --rounds counts them: improvement rounds after round 0.
@@ -111,6 +112,12 @@ int History(const BrowseFlags& f) {
                      {"llm_calls", s.spend.calls}, {"failed_llm_calls", s.failed_calls},
                      {"first_llm_error", s.first_llm_error}, {"cost_usd", s.spend.cost_usd},
                      {"created", s.search.created}});
+      if (auto counts = store->CountAttempts(s.search.id); counts.ok()) {
+        arr.back()["tool_calls"] = counts->tool_calls;
+        arr.back()["tool_errors"] = counts->tool_errors;
+        arr.back()["practice_evaluations"] = counts->tests;
+      }
+    }
     std::printf("%s\n", arr.dump(2).c_str());
     return kExitOk;
   }
@@ -125,6 +132,10 @@ int History(const BrowseFlags& f) {
                 s.search.created.c_str());
     // The reason a search found nothing is usually the model's error: say it here.
     if (s.failed_calls > 0) std::printf("       first failed model call: %s\n", s.first_llm_error.c_str());
+    if (auto counts = store->CountAttempts(s.search.id); counts.ok() && counts->tool_calls > 0)
+      std::printf("       agent: %lld tool calls (%lld answered as errors), %lld practice evaluations, %lld submitted\n",
+                  static_cast<long long>(counts->tool_calls), static_cast<long long>(counts->tool_errors),
+                  static_cast<long long>(counts->tests), static_cast<long long>(counts->submitted));
     if (s.search.status == store::SearchStatus::kFailed && !s.search.stop_reason.empty())
       std::printf("       failed: %s\n", s.search.stop_reason.c_str());
     else if (s.search.status == store::SearchStatus::kFinished && s.correct == 0)
@@ -142,6 +153,7 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
   if (json) {
     auto j = CandidateJson(c, true);
     j["idea_text"] = idea_text;
+    if (auto trail = LoadAgentTrail(store, c); trail.ok() && !trail->attempts.empty()) j["agent"] = AgentTrailJson(*trail);
     if (auto summary = store->Summarize(c.search_id); summary.ok()) {
       j["search_failed_llm_calls"] = summary->failed_calls;
       j["search_first_llm_error"] = summary->first_llm_error;
@@ -181,6 +193,9 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
   } else {
     std::printf("status:  pending\n");
   }
+  if (auto trail = LoadAgentTrail(store, c); trail.ok() && !trail->attempts.empty())
+    std::printf("agent:   %zu tool calls before this candidate (compile and test on practice sets):\n%s",
+                trail->attempts.size(), AgentTrailText(*trail, "  ").c_str());
   if (!c.raw_response.empty()) std::printf("\n--- model reply (unparsed) ---\n%s\n", c.raw_response.c_str());
   std::printf("\n--- source ---\n%s\n\n--- plan ---\n%s\n", c.source.c_str(), c.plan_json.c_str());
   return kExitOk;
@@ -217,6 +232,8 @@ int Lineage(const BrowseFlags& f) {
     for (const auto& c : path) {
       auto j = CandidateJson(c, false);
       if (c.idea_id) j["idea_text"] = store->GetIdea(*c.idea_id).ok() ? store->GetIdea(*c.idea_id)->text : "";
+      if (auto trail = LoadAgentTrail(store.get(), c); trail.ok() && !trail->attempts.empty())
+        j["agent"] = AgentTrailJson(*trail);
       arr.push_back(j);
     }
     std::printf("%s\n", arr.dump(2).c_str());
@@ -232,6 +249,9 @@ int Lineage(const BrowseFlags& f) {
                 store::CandidateKindName(c.kind), c.evaluation ? EvalStatusName(c.evaluation->status) : "pending",
                 c.evaluation ? Opt(c.evaluation->median_ms, "{:.4f}").c_str() : "-",
                 c.evaluation ? Opt(c.evaluation->speedup_eager, "{:.2f}x").c_str() : "-", idea.c_str());
+    // An agent's attempts, as a sub-tree of the candidate they led to.
+    if (auto trail = LoadAgentTrail(store.get(), c); trail.ok() && !trail->attempts.empty())
+      std::printf("%s", AgentTrailText(*trail, "       |- ").c_str());
   }
   return kExitOk;
 }

@@ -123,6 +123,9 @@ struct SubmitFlags {
   double budget_usd = 0, budget_minutes = 0, target = 0;
   int64_t budget_calls = 0, budget_tokens = 0;
   std::string require, precision;
+  std::string implement;
+  int agent_turns = 0, agent_tool_calls = 0;
+  int64_t agent_tokens = 0;
   bool watch = false;
   bool no_start = false;
 };
@@ -160,6 +163,10 @@ int RunSubmit(const SubmitFlags& f) {
   c->set_target_speedup(f.target);
   c->set_require_robust(f.require == "robust");
   c->set_precision(f.precision);
+  c->set_implement(f.implement);
+  c->set_agent_turns(f.agent_turns);
+  c->set_agent_tool_calls(f.agent_tool_calls);
+  c->set_agent_tokens(f.agent_tokens);
   auto started = (*client)->StartSearch(req);
   if (!started.ok()) return ReportError(started.status());
   std::printf("%s\n", started->search_id().c_str());
@@ -212,6 +219,10 @@ void RegisterRemoteCommands(CLI::App& app) {
     sub->add_option("--precision", f->precision,
                     "The accuracy contract: fp32 (default) or tf32 (the tolerance PyTorch's TF32 defaults give)")
         ->check(CLI::IsMember({"fp32", "tf32"}));
+    sub->add_option("--implement", f->implement, "oneshot (default) or agent (compile/test tools per idea)");
+    sub->add_option("--agent-turns", f->agent_turns, "Agent: model turns per implementation (0: server default)");
+    sub->add_option("--agent-tool-calls", f->agent_tool_calls, "Agent: tool calls per implementation (0: server default)");
+    sub->add_option("--agent-tokens", f->agent_tokens, "Agent: tokens per implementation (0: no limit)");
     sub->add_flag("--watch", f->watch, "Follow the search until it ends");
     sub->add_flag("--no-start", f->no_start, "Only submit the problem; print its id");
     SetAction(sub, [f] { return RunSubmit(*f); });

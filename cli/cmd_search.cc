@@ -53,6 +53,9 @@ struct SearchFlags {
   bool no_bank = false;
   std::string require;  // --require robust
   std::string precision = "fp32";  // --precision fp32 | tf32 (GpuEvaluatorOptions::precision)
+  std::string implement;           // --implement oneshot | agent (search/agent.h)
+  int agent_turns = 0, agent_tool_calls = 0;
+  int64_t agent_tokens = 0;
   bool quiet = false;
   bool json = false;
   std::string evaluator;
@@ -164,6 +167,10 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   if (sub->count("--beam")) config.beam = f.beam;
   if (sub->count("--repair")) config.repair_attempts = f.repair;
   if (sub->count("--profile-top")) config.profile_top = f.profile_top;
+  if (sub->count("--implement")) config.implement = f.implement;
+  if (sub->count("--agent-turns")) config.agent_turns = f.agent_turns;
+  if (sub->count("--agent-tool-calls")) config.agent_tool_calls = f.agent_tool_calls;
+  if (sub->count("--agent-tokens")) config.agent_tokens = f.agent_tokens;
   if (sub->count("--budget-calls")) config.budget_calls = f.budget_calls;
   if (sub->count("--budget-tokens")) config.budget_tokens = f.budget_tokens;
   if (sub->count("--budget-cost")) config.budget_cost_usd = f.budget_cost;
@@ -291,6 +298,12 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
                    static_cast<long long>(setup->search_id()));
   }
   SearchSetup& s = *setup;
+  // An agent tests its drafts on the GPU between model turns: the model side
+  // alone cannot run it (run the search where both are reachable).
+  if (f.generate_only && s.config().implement == "agent")
+    return ReportError(FailedPrecondition(
+        "search " + std::to_string(s.search_id()) + " implements with an agent (--implement agent), whose compile "
+        "and test tools need the GPU side: run it without --generate-only on a GPU node (or the server there)"));
   // Said even with --quiet: what the prompts will claim about the GPU matters.
   for (const auto& note : s.notes()) std::fprintf(stderr, "kernelsearch: %s\n", note.c_str());
   // The GPU side: the reference is computed (or reused) and checked before
@@ -306,7 +319,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   std::signal(SIGTERM, OnSignal);
   Progress progress(f.quiet, f.json);
   Orchestrator orch({.store = store->get(), .llm = s.llm(), .evaluator = s.evaluator(), .prompts = &*prompts,
-                     .cancel = &g_interrupted},
+                     .cancel = &g_interrupted, .practice_evaluator = s.practice_evaluator()},
                     [&](const SearchEvent& e) { progress(e); });
   auto out = orch.Run(s.search_id(), f.generate_only ? Orchestrator::Mode::kGenerateOnly : Orchestrator::Mode::kContinuous);
   if (!out.ok()) return ReportError(out.status().WithContext("search " + std::to_string(s.search_id())));
@@ -515,6 +528,13 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--branches", f->branches, "implementations per idea (default 2)");
   sub->add_option("--beam", f->beam, "kernels carried into the next round (default 2)");
   sub->add_option("--repair", f->repair, "repair attempts for a failed candidate (default 1)");
+  sub->add_option("--implement", f->implement,
+                  "oneshot (default): one reply per implementation; agent: a conversation in which the model "
+                  "compiles and tests its drafts on practice input sets before it submits (needs the GPU side)")
+      ->check(CLI::IsMember({"oneshot", "agent"}));
+  sub->add_option("--agent-turns", f->agent_turns, "agent: model turns per implementation (default 8)");
+  sub->add_option("--agent-tool-calls", f->agent_tool_calls, "agent: tool calls per implementation (default 12)");
+  sub->add_option("--agent-tokens", f->agent_tokens, "agent: tokens per implementation (default 0 = no limit)");
   sub->add_option("--profile-top", f->profile_top,
                   "read the hardware counters (Nsight Compute) of this many fastest correct kernels per round, "
                   "for the next round's prompts (default 1; 0 = none)");

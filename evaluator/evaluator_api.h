@@ -25,6 +25,9 @@ class CandidateEvaluator {
   virtual std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) {
     return std::vector<CounterReport>(candidates.size(), CounterReport{{}, "this evaluator reads no hardware counters", 0});
   }
+  // Whether ReadCounters can return counters here at all (Nsight Compute
+  // found): the agent offers its `profile` tool only then (search/agent.h).
+  virtual bool CanReadCounters() const { return false; }
   // The reference timing and device facts, for prompts and reports.
   virtual std::string DeviceName() const = 0;
 };

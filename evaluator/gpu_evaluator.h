@@ -165,6 +165,7 @@ class GpuEvaluator : public CandidateEvaluator {
   // counters cannot be read, each report's note says why (and, once ncu is
   // known not to work here, without trying again).
   std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override;
+  bool CanReadCounters() const override { return !FindNcu().empty(); }
   int worker_restarts() const { return worker_restarts_; }
   // The device malloc heap the worker's context was left with (as small as the driver allows).
   uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }

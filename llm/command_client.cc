@@ -54,10 +54,53 @@ class CommandClient final : public LlmClient {
     return result;
   }
 
+  // The conversation protocol (llm/conversation.h): the request as JSON on
+  // stdin, one assistant turn as JSON on stdout; $KS_LLM_PROTOCOL names the
+  // protocol so that one script can serve both kinds of call.
+  StatusOr<AssistantReply> Converse(const ConversationRequest& request, LlmCallRecord* record) override {
+    auto start = std::chrono::steady_clock::now();
+    LlmCallRecord local;
+    LlmCallRecord* rec = record ? record : &local;
+    *rec = LlmCallRecord{};
+    rec->role = request.role;
+    rec->backend = "command";
+    rec->model = command_;
+    rec->system = request.system;
+    rec->prompt = ConversationToJson(request).dump();
+    LlmRequest as_prompt{.role = request.role, .system = request.system, .prompt = rec->prompt,
+                         .temperature = request.temperature, .max_tokens = request.max_tokens,
+                         .cancel = request.cancel};
+    StatusOr<std::string> out = Run(as_prompt, rec, kConversationProtocol);
+    rec->latency_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!out.ok()) {
+      rec->error = out.status().message();
+      return out.status();
+    }
+    StatusOr<AssistantReply> reply = ReplyFromJson(nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false));
+    if (!reply.ok()) {
+      Status bad = Unavailable("command '" + command_ + "' did not answer in " + kConversationProtocol + ": " +
+                               reply.status().message() + "; stdout starts: " + BodyExcerpt(*out, 200));
+      rec->error = bad.message();
+      return bad;
+    }
+    // Usage: the reply's own figures, else the usage file's, else estimated.
+    if (reply->tokens_in || reply->tokens_out) rec->tokens_in = reply->tokens_in, rec->tokens_out = reply->tokens_out;
+    if (rec->tokens_in == 0 && rec->tokens_out == 0) {
+      rec->tokens_in = EstimateTokens(request.system) + EstimateTokens(rec->prompt);
+      rec->tokens_out = EstimateTokens(*out);
+    }
+    reply->tokens_in = rec->tokens_in;
+    reply->tokens_out = rec->tokens_out;
+    rec->finish_reason = reply->finish_reason;
+    rec->response = ReplyToJson(*reply).dump();
+    rec->cost_usd = (rec->tokens_in * config_.price_in_per_mtok + rec->tokens_out * config_.price_out_per_mtok) / 1e6;
+    return reply;
+  }
+
   std::string Describe() const override { return "command:" + command_; }
 
  private:
-  StatusOr<std::string> Run(const LlmRequest& request, LlmCallRecord* rec) {
+  StatusOr<std::string> Run(const LlmRequest& request, LlmCallRecord* rec, const std::string& protocol = "text") {
     CancelFlags flags = {request.cancel, config_.cancel};
     ConcurrencyLimiter::Slot slot(&limiter_, flags);
     if (!slot.acquired()) return Cancelled("cancelled while waiting for a free command slot");
@@ -70,6 +113,7 @@ class CommandClient final : public LlmClient {
         {"KS_LLM_SYSTEM", request.system},
         {"KS_LLM_MAX_TOKENS", std::to_string(config_.max_tokens.value_or(request.max_tokens))},
         {"KS_LLM_TEMPERATURE", std::to_string(config_.temperature.value_or(request.temperature))},
+        {"KS_LLM_PROTOCOL", protocol},
     };
     // The command may report its usage: {"tokens_in": N, "tokens_out": M} in
     // the file $KS_LLM_USAGE_FILE names (a private temporary file).

@@ -6,7 +6,10 @@
 // characters a token). Cost is tokens at config's --price-* rates.
 // A non-zero exit, a signal, empty output or overrunning config.timeout_s is
 // an error naming the command and the start of its stderr. Not retried: a
-// command that fails usually fails the same way again. Thread-safe; at most
+// command that fails usually fails the same way again.
+// Conversations with tools (Converse) use the JSON protocol of
+// llm/conversation.h on stdin and stdout, with KS_LLM_PROTOCOL set to
+// "ks-conversation-1" ("text" for a plain completion). Thread-safe; at most
 // config.concurrency commands run at once.
 #pragma once
 

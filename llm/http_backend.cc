@@ -86,15 +86,20 @@ std::string HttpBackend::Redact(std::string text) const {
   return text;
 }
 
+void HttpBackend::StartRecord(const std::string& role, const std::string& system, const std::string& prompt,
+                              LlmCallRecord* rec) const {
+  *rec = LlmCallRecord{};
+  rec->role = role;
+  rec->backend = backend_;
+  rec->model = model_;
+  rec->system = system;
+  rec->prompt = prompt;
+}
+
 StatusOr<std::string> HttpBackend::Complete(const LlmRequest& request, LlmCallRecord* record) {
   LlmCallRecord local;
   LlmCallRecord* rec = record ? record : &local;
-  *rec = LlmCallRecord{};
-  rec->role = request.role;
-  rec->backend = backend_;
-  rec->model = model_;
-  rec->system = request.system;
-  rec->prompt = request.prompt;
+  StartRecord(request.role, request.system, request.prompt, rec);
   double start = Now();
   StatusOr<std::string> result = CompleteInner(request, rec);
   rec->latency_s = Now() - start;
@@ -109,6 +114,41 @@ StatusOr<std::string> HttpBackend::Complete(const LlmRequest& request, LlmCallRe
   return result;
 }
 
+StatusOr<AssistantReply> HttpBackend::Converse(const ConversationRequest& request, LlmCallRecord* record) {
+  LlmCallRecord local;
+  LlmCallRecord* rec = record ? record : &local;
+  StartRecord(request.role, request.system, ConversationToJson(request).dump(), rec);
+  double start = Now();
+  CancelFlags flags = {request.cancel, config_.cancel};
+  StatusOr<Reply> reply = ConverseInner(request, flags, rec);
+  rec->latency_s = Now() - start;
+  rec->cost_usd = (rec->tokens_in * config_.price_in_per_mtok + rec->tokens_out * config_.price_out_per_mtok) / 1e6;
+  if (!reply.ok()) {
+    Status s(reply.status().code(), Redact(reply.status().message()));
+    rec->error = s.message();
+    return s;
+  }
+  AssistantReply out;
+  out.message.role = "assistant";
+  out.message.text = std::move(reply->text);
+  out.message.tool_calls = std::move(reply->tool_calls);
+  out.finish_reason = reply->finish_reason;
+  out.tokens_in = reply->tokens_in;
+  out.tokens_out = reply->tokens_out;
+  rec->response = ReplyToJson(out).dump();
+  return out;
+}
+
+StatusOr<HttpBackend::Reply> HttpBackend::ConverseInner(const ConversationRequest& request, const CancelFlags& flags,
+                                                        LlmCallRecord* rec) {
+  ConcurrencyLimiter::Slot slot(&limiter_, flags);
+  if (!slot.acquired()) return Cancelled("cancelled while waiting for a free " + backend_ + " slot");
+  ConversationRequest effective = request;
+  if (config_.temperature) effective.temperature = *config_.temperature;
+  if (config_.max_tokens) effective.max_tokens = *config_.max_tokens;
+  return Exchange(BuildConverseCall(effective), flags, rec);
+}
+
 StatusOr<std::string> HttpBackend::CompleteInner(const LlmRequest& request, LlmCallRecord* rec) {
   CancelFlags flags = {request.cancel, config_.cancel};
   ConcurrencyLimiter::Slot slot(&limiter_, flags);
@@ -117,8 +157,11 @@ StatusOr<std::string> HttpBackend::CompleteInner(const LlmRequest& request, LlmC
   LlmRequest effective = request;
   if (config_.temperature) effective.temperature = *config_.temperature;
   if (config_.max_tokens) effective.max_tokens = *config_.max_tokens;
-  Call call = BuildCall(effective);
+  KS_ASSIGN_OR_RETURN(Reply reply, Exchange(BuildCall(effective), flags, rec));
+  return std::move(reply.text);
+}
 
+StatusOr<HttpBackend::Reply> HttpBackend::Exchange(const Call& call, const CancelFlags& flags, LlmCallRecord* rec) {
   Status last;
   for (int attempt = 0;; ++attempt) {
     HttpRequest http{call.url, call.headers, call.body, config_.connect_timeout_s, config_.timeout_s, flags};
@@ -144,7 +187,7 @@ StatusOr<std::string> HttpBackend::CompleteInner(const LlmRequest& request, LlmC
       rec->tokens_in = reply->tokens_in;
       rec->tokens_out = reply->tokens_out;
       rec->finish_reason = reply->finish_reason;
-      return std::move(reply->text);
+      return reply;
     } else {
       last = ClassifyHttpError(*resp, call.url);
       if (!Retryable(resp->status)) return last;

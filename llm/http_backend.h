@@ -26,6 +26,9 @@ class HttpBackend : public LlmClient {
   HttpBackend& operator=(const HttpBackend&) = delete;
 
   StatusOr<std::string> Complete(const LlmRequest& request, LlmCallRecord* record) final;
+  // Conversations with tools, in the subclass's dialect (BuildConverseCall);
+  // the same retries, limits and record as Complete.
+  StatusOr<AssistantReply> Converse(const ConversationRequest& request, LlmCallRecord* record) final;
   std::string Describe() const override;
 
  protected:
@@ -39,9 +42,12 @@ class HttpBackend : public LlmClient {
     std::string finish_reason;  // normalized: "stop", "length", or as given
     int64_t tokens_in = 0;
     int64_t tokens_out = 0;
+    std::vector<ToolCall> tool_calls;  // a conversation's tool calls, in order
   };
   // `request` already has the config's overrides applied.
   virtual Call BuildCall(const LlmRequest& request) const = 0;
+  // The same for a conversation with tools (`request` with overrides applied).
+  virtual Call BuildConverseCall(const ConversationRequest& request) const = 0;
   // Reads a 2xx reply; an error names what is missing.
   virtual StatusOr<Reply> ParseReply(const nlohmann::json& body) const = 0;
 
@@ -52,6 +58,12 @@ class HttpBackend : public LlmClient {
 
  private:
   StatusOr<std::string> CompleteInner(const LlmRequest& request, LlmCallRecord* record);
+  StatusOr<Reply> ConverseInner(const ConversationRequest& request, const CancelFlags& flags, LlmCallRecord* rec);
+  // Sends `call` with retries and reads the reply; fills the record's usage,
+  // finish reason and attempts.
+  StatusOr<Reply> Exchange(const Call& call, const CancelFlags& flags, LlmCallRecord* rec);
+  void StartRecord(const std::string& role, const std::string& system, const std::string& prompt,
+                   LlmCallRecord* rec) const;
   // Turns a non-2xx answer into a Status that says what to do about it.
   Status ClassifyHttpError(const HttpResponse& resp, const std::string& url) const;
   // Removes the key from text that came from the server (some echo it back).

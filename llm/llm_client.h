@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "llm/conversation.h"
 
 namespace ks {
 
@@ -53,6 +54,16 @@ class LlmClient {
   // in every case (also on failure) when record is not null.
   virtual StatusOr<std::string> Complete(const LlmRequest& request, LlmCallRecord* record) = 0;
   virtual std::string Describe() const = 0;  // "openai:gpt-4o @ https://...", no keys
+  // One assistant turn of a conversation with tools (llm/conversation.h).
+  // Thread-safe as Complete. The record's prompt is ConversationToJson of the
+  // request and its response ReplyToJson of the reply, so that transcripts
+  // and the store keep conversations as they keep completions. A backend that
+  // cannot hold a conversation answers FailedPrecondition (the default).
+  virtual StatusOr<AssistantReply> Converse(const ConversationRequest& request, LlmCallRecord* record) {
+    (void)request;
+    if (record) record->error = Describe() + " cannot hold a conversation with tools";
+    return FailedPrecondition(Describe() + " cannot hold a conversation with tools");
+  }
 };
 
 }  // namespace ks

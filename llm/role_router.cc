@@ -17,6 +17,10 @@ StatusOr<std::string> RoleRouter::Complete(const LlmRequest& request, LlmCallRec
   return ClientFor(request.role)->Complete(request, record);
 }
 
+StatusOr<AssistantReply> RoleRouter::Converse(const ConversationRequest& request, LlmCallRecord* record) {
+  return ClientFor(request.role)->Converse(request, record);
+}
+
 std::string RoleRouter::Describe() const {
   std::string out = "default=" + fallback_->Describe();
   for (const auto& [role, client] : by_role_) out += "; " + role + "=" + client->Describe();

@@ -16,6 +16,7 @@ class RoleRouter final : public LlmClient {
   // `fallback` serves every role without an entry in `by_role`; must not be null.
   RoleRouter(std::unique_ptr<LlmClient> fallback, std::map<std::string, std::unique_ptr<LlmClient>> by_role);
   StatusOr<std::string> Complete(const LlmRequest& request, LlmCallRecord* record) override;
+  StatusOr<AssistantReply> Converse(const ConversationRequest& request, LlmCallRecord* record) override;
   // "default=<describe>; ideas=<describe>; ..."
   std::string Describe() const override;
   // The client a role goes to (never null).

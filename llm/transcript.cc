@@ -69,6 +69,24 @@ class ReplayClient final : public LlmClient {
     return rec->response;
   }
 
+  // A conversation is recorded as a completion whose prompt is the request in
+  // the protocol (llm/conversation.h), so it replays through the same lookup:
+  // the same conversation gets the recorded assistant turn.
+  StatusOr<AssistantReply> Converse(const ConversationRequest& request, LlmCallRecord* record) override {
+    LlmCallRecord local;
+    LlmCallRecord* rec = record ? record : &local;
+    LlmRequest as_prompt{.role = request.role, .system = request.system,
+                         .prompt = ConversationToJson(request).dump(), .cancel = request.cancel};
+    KS_ASSIGN_OR_RETURN(std::string text, Complete(as_prompt, rec));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    StatusOr<AssistantReply> reply = ReplyFromJson(j);
+    if (!reply.ok()) {
+      rec->error = "replay " + path_ + ": the recorded reply is not an assistant turn: " + reply.status().message();
+      return InvalidArgument(rec->error);
+    }
+    return reply;
+  }
+
   std::string Describe() const override { return std::string("replay:") + path_ + (strict_ ? "" : " (loose)"); }
 
  private:
@@ -149,6 +167,18 @@ StatusOr<std::string> RecordingClient::Complete(const LlmRequest& request, LlmCa
   LlmCallRecord local;
   LlmCallRecord* rec = record ? record : &local;
   StatusOr<std::string> result = inner_->Complete(request, rec);
+  Status written = writer_->Append(*rec, result.status());
+  if (!written.ok()) {
+    rec->error = written.message();
+    return written;
+  }
+  return result;
+}
+
+StatusOr<AssistantReply> RecordingClient::Converse(const ConversationRequest& request, LlmCallRecord* record) {
+  LlmCallRecord local;
+  LlmCallRecord* rec = record ? record : &local;
+  StatusOr<AssistantReply> result = inner_->Converse(request, rec);
   Status written = writer_->Append(*rec, result.status());
   if (!written.ok()) {
     rec->error = written.message();

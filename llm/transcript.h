@@ -56,6 +56,7 @@ class RecordingClient final : public LlmClient {
   RecordingClient(std::unique_ptr<LlmClient> inner, std::shared_ptr<TranscriptWriter> writer)
       : inner_(std::move(inner)), writer_(std::move(writer)) {}
   StatusOr<std::string> Complete(const LlmRequest& request, LlmCallRecord* record) override;
+  StatusOr<AssistantReply> Converse(const ConversationRequest& request, LlmCallRecord* record) override;
   std::string Describe() const override;
 
  private:

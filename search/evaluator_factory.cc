@@ -91,6 +91,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     ro.bridge.python = options.python;
     ro.device = "cuda";
     ro.time = true;
+    ro.seed = options.reference_seed;
     // Sets beyond what the GPU holds are not prepared (at least 2; a warning
     // says so): one reference serves every GPU, so the smallest free memory counts.
     for (int d : devices) {

@@ -32,7 +32,17 @@ struct EvaluatorOptions {
   std::string gpus;
   // The precision contract a candidate is held to: "fp32" or "tf32" (GpuEvaluatorOptions::precision).
   std::string precision = "fp32";
+  // The reference's base seed (ReferenceOptions::seed): the judging sets use
+  // the default; the agent's practice sets (search/agent.h) use
+  // kPracticeReferenceSeed, so that no practice set is a judging set.
+  uint64_t reference_seed = 42;
 };
+
+// Practice sets are drawn from seeds 1043, 1044, ... (set i uses seed + 1 + i)
+// and judging sets from 43, 44, ...: disjoint for fewer than 1000 sets. The
+// parameters (drawn from the base seed) differ too; a kernel takes them as
+// inputs, so a correct one is correct for both.
+inline constexpr uint64_t kPracticeReferenceSeed = 1042;
 
 // An evaluator for one problem and what it knows about its device.
 struct SearchEvaluator {

@@ -152,6 +152,7 @@ Status Orchestrator::SearchRun::ImplementTask(const IdeaRow& idea, std::optional
   in.bank = bank_;
   KS_ASSIGN_OR_RETURN(RenderedPrompt prompt, RenderImplementPrompt(*o_->deps_.prompts, in));
   if (!parent) KS_RETURN_IF_ERROR(RecordBank(slot));  // prompts show the bank only without a parent
+  if (config_.implement == "agent") return AgentImplement(idea, parent, branch, prompt, slot);
   KS_ASSIGN_OR_RETURN(std::optional<std::string> reply, Call(prompt, "implement", slot, /*first_pass=*/true));
   if (!reply) return Status::Ok();
   CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,
@@ -243,46 +244,53 @@ StatusOr<std::optional<std::string>> Orchestrator::SearchRun::Call(const Rendere
     ++calls_reused_;
     return std::optional<std::string>(found->record.response);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string why = BudgetSpentLocked();
-    if (!why.empty() && stop_reason_.empty()) stop_reason_ = why;
-    if (!stop_reason_.empty() || Cancelled()) {
-      if (first_pass) first_pass_interrupted_ = true;
-      if (refused) *refused = true;
-      cv_.notify_all();
-      return std::optional<std::string>();
-    }
-    ++spend_.calls;  // reserved now, so that concurrent calls cannot overrun the call budget
-    ++calls_now_;
-  }
+  if (!ReserveCall(first_pass, refused)) return std::optional<std::string>();
   LlmCallRecord record;
   auto reply = o_->deps_.llm->Complete(request, &record);
   // Backends fill the record; these make it complete whatever the backend did.
-  if (record.role.empty()) record.role = role;
   if (record.prompt.empty()) record.prompt = request.prompt;
   if (record.system.empty()) record.system = request.system;
-  if (!reply.ok() && record.error.empty()) record.error = reply.status().ToString();
-  if (reply.ok()) record.error.clear();
-  KS_RETURN_IF_ERROR(store_->PutLlmCall(search_id_, slot, record).status());
+  KS_RETURN_IF_ERROR(RecordCall(role, slot, reply.status(), first_pass, &record));
+  if (!reply.ok()) return std::optional<std::string>();
+  return std::optional<std::string>(*reply);
+}
+
+bool Orchestrator::SearchRun::ReserveCall(bool first_pass, bool* refused) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string why = BudgetSpentLocked();
+  if (!why.empty() && stop_reason_.empty()) stop_reason_ = why;
+  if (!stop_reason_.empty() || Cancelled()) {
+    if (first_pass) first_pass_interrupted_ = true;
+    if (refused) *refused = true;
+    cv_.notify_all();
+    return false;
+  }
+  ++spend_.calls;  // reserved now, so that concurrent calls cannot overrun the call budget
+  ++calls_now_;
+  return true;
+}
+
+Status Orchestrator::SearchRun::RecordCall(const std::string& role, const std::string& slot, const Status& status,
+                                           bool first_pass, LlmCallRecord* record) {
+  if (record->role.empty()) record->role = role;
+  if (!status.ok() && record->error.empty()) record->error = status.ToString();
+  if (status.ok()) record->error.clear();
+  KS_RETURN_IF_ERROR(store_->PutLlmCall(search_id_, slot, *record).status());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    spend_.tokens_in += record.tokens_in;
-    spend_.tokens_out += record.tokens_out;
-    spend_.cost_usd += record.cost_usd;
+    spend_.tokens_in += record->tokens_in;
+    spend_.tokens_out += record->tokens_out;
+    spend_.cost_usd += record->cost_usd;
   }
-  Emit({.type = SearchEvent::Type::kLlmCall, .round = round_, .text = role, .error = record.error});
-  if (!reply.ok() && !Cancelled()) {
+  Emit({.type = SearchEvent::Type::kLlmCall, .round = round_, .text = role, .error = record->error});
+  if (!status.ok() && !Cancelled()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++llm_failed_now_;
-    if (first_llm_error_.empty()) first_llm_error_ = record.error;
+    if (first_llm_error_.empty()) first_llm_error_ = record->error;
   }
-  if (!reply.ok()) {
-    // A call cut short by our own cancel was not really attempted.
-    if (Cancelled() && first_pass) MarkInterrupted();
-    return std::optional<std::string>();
-  }
-  return std::optional<std::string>(*reply);
+  // A call cut short by our own cancel was not really attempted.
+  if (!status.ok() && Cancelled() && first_pass) return MarkInterrupted();
+  return Status::Ok();
 }
 
 std::string Orchestrator::SearchRun::BudgetSpentLocked() const {

@@ -123,6 +123,11 @@ class Orchestrator {
     CandidateEvaluator* evaluator = nullptr;  // required for continuous Run() and EvaluatePending()
     const PromptLibrary* prompts = nullptr;   // required for Run()
     const std::atomic<bool>* cancel = nullptr;  // optional external stop flag (the server's)
+    // The agent's compile/test tools (SearchConfig::implement "agent"): an
+    // evaluator on PRACTICE input sets, prepared from another seed than
+    // `evaluator`'s judging sets. Required for agent mode; an agent search
+    // without it fails at its first implementation, saying so.
+    CandidateEvaluator* practice_evaluator = nullptr;
   };
   enum class Mode {
     kContinuous,    // run the search to its end

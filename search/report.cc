@@ -10,6 +10,7 @@
 #include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/roofline.h"
+#include "search/agent.h"
 
 // The page template and ECharts are compiled in (assembler .incbin of the files
 // named by CMake), so that `kernelsearch report` and the server need no data
@@ -171,6 +172,9 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
                   {"plan", c.plan_json},
                   {"evaluation", e},
                   {"bank_shown", bank}});
+    // An agent's attempts, the sub-tree under the candidate they led to.
+    KS_ASSIGN_OR_RETURN(AgentTrail trail, LoadAgentTrail(store, c));
+    if (!trail.attempts.empty()) jc.back()["agent"] = AgentTrailJson(trail);
   }
   KS_ASSIGN_OR_RETURN(auto last_round, store->LastRound(search_id));
   if (last_round) max_round = std::max(max_round, last_round->round);

@@ -60,6 +60,7 @@ class ScriptedEvaluator final : public CandidateEvaluator {
     profiled_ += static_cast<int64_t>(candidates.size());
     return std::vector<CounterReport>(candidates.size(), *options_.counters);
   }
+  bool CanReadCounters() const override { return options_.counters.has_value(); }
   int64_t profiled() const { return profiled_.load(); }
 
   int64_t evaluated() const { return evaluated_.load(); }

@@ -8,6 +8,10 @@
 namespace ks {
 
 Status SearchConfig::Validate() const {
+  if (implement != "oneshot" && implement != "agent")
+    return InvalidArgument("implement must be oneshot or agent, not '" + implement + "'");
+  if (agent_turns < 1 || agent_tool_calls < 1 || agent_tokens < 0)
+    return InvalidArgument("agent budgets: turns and tool calls must be >= 1, tokens >= 0");
   if (precision != "fp32" && precision != "tf32")
     return InvalidArgument("precision must be fp32 or tf32, not '" + precision + "'");
   if (rounds < 0) return InvalidArgument("rounds must be >= 0");
@@ -90,7 +94,11 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"bank", c.bank},
           {"allow_degenerate", c.allow_degenerate},
           {"require_robust", c.require_robust},
-          {"precision", c.precision}};
+          {"precision", c.precision},
+          {"implement", c.implement},
+          {"agent_turns", c.agent_turns},
+          {"agent_tool_calls", c.agent_tool_calls},
+          {"agent_tokens", c.agent_tokens}};
 }
 
 StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
@@ -99,7 +107,7 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
       "rounds", "ideas", "branches", "beam", "repair_attempts", "profile_top", "budget_calls", "budget_tokens",
       "budget_cost_usd", "budget_minutes", "target_speedup", "model", "role_models", "seed",
       "llm_concurrency", "seed_source", "seed_plan", "seed_label", "gpu", "bank", "allow_degenerate",
-      "require_robust", "precision"};
+      "require_robust", "precision", "implement", "agent_turns", "agent_tool_calls", "agent_tokens"};
   for (const auto& [key, value] : j.items())
     if (!kKeys.count(key)) return InvalidArgument("search config: unknown key '" + key + "'");
   SearchConfig c;
@@ -127,6 +135,10 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     ReadField(j, "allow_degenerate", &c.allow_degenerate);
     ReadField(j, "require_robust", &c.require_robust);
     ReadField(j, "precision", &c.precision);
+    ReadField(j, "implement", &c.implement);
+    ReadField(j, "agent_turns", &c.agent_turns);
+    ReadField(j, "agent_tool_calls", &c.agent_tool_calls);
+    ReadField(j, "agent_tokens", &c.agent_tokens);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(std::string("search config: ") + e.what());
   }

@@ -73,6 +73,14 @@ struct SearchConfig {
   // the same way.
   std::string precision = "fp32";
 
+  // The implement step: "oneshot" (one reply per idea and branch, the
+  // default) or "agent" (a conversation with compile/test tools on practice
+  // input sets, search/agent.h), bounded per implementation by these.
+  std::string implement = "oneshot";
+  int agent_turns = 8;
+  int agent_tool_calls = 12;
+  int64_t agent_tokens = 0;  // 0 = no limit per implementation
+
   Status Validate() const;
 };
 

@@ -5,6 +5,8 @@
 //   generation.cc    the prompts: parents, tried ideas and best kernels for
 //                    the ideas/implement/repair prompts, model calls, replies
 //   selection.cc     choosing the next round's parents and the best kernel
+//   agent_run.cc     the agent mode of the implement step (search/agent.h):
+//                    its model turns, practice evaluations and attempts
 #pragma once
 
 #include <algorithm>
@@ -28,6 +30,7 @@
 #include "common/files.h"
 #include "search/orchestrator.h"
 #include "search/kernel_bank.h"
+#include "search/agent.h"
 #include "search/prompts.h"
 #include "search/response_parser.h"
 #include "store/candidate_hash.h"
@@ -204,7 +207,22 @@ class Orchestrator::SearchRun {
   StatusOr<std::optional<std::string>> Call(const RenderedPrompt& prompt, const std::string& role,
                                             const std::string& slot, bool first_pass, bool* refused = nullptr);
 
+  // Reserves a model call against the budgets; false (and *refused) when a
+  // budget is spent or the search is stopping.
+  bool ReserveCall(bool first_pass, bool* refused);
+  // Stores a finished call (its record completed) and adds up its spend.
+  Status RecordCall(const std::string& role, const std::string& slot, const Status& status, bool first_pass,
+                    LlmCallRecord* record);
+
   std::string BudgetSpentLocked() const;
+
+  // ---- agent mode (agent_run.cc) ----
+
+  // One implementation as an agent's conversation; stores the candidate it
+  // ends with under `slot`, as the one-shot step does.
+  Status AgentImplement(const IdeaRow& idea, std::optional<int64_t> parent, int branch,
+                        const RenderedPrompt& prompt, const std::string& slot);
+  class AgentHostImpl;
 
   // ---- evaluation ----
 
@@ -285,6 +303,7 @@ class Orchestrator::SearchRun {
   std::set<int64_t> counters_read_;    // Run thread only: candidates profiled by this process
   std::string counters_note_;          // Run thread only: the last "no counters" note emitted
   double llm_wait_s_ = 0;              // (mu_)
+  std::mutex practice_mu_;             // serializes the practice evaluator (agents run on several threads)
 };
 
 }  // namespace ks

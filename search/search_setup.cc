@@ -129,6 +129,16 @@ StatusOr<std::unique_ptr<SearchSetup>> SearchSetup::Open(store::LineageStore* st
   return s;
 }
 
+Status SearchSetup::MakePracticeEvaluator(EvaluatorOptions eo) {
+  Phase("preparing the agent's practice reference (other input sets than the judging ones)");
+  eo.reference_seed = kPracticeReferenceSeed;
+  eo.gpus = "";  // one GPU: an agent's test is one candidate at a time
+  auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_) : MakeSearchEvaluator(problem_file_, eo);
+  if (!made.ok()) return made.status().WithContext("the agent's practice evaluator");
+  practice_evaluator_ = std::move(made->evaluator);
+  return Status::Ok();
+}
+
 Status SearchSetup::PrepareEvaluator() {
   Phase("preparing the reference on the GPU side (reused once cached; a first time computes it and times PyTorch)");
   auto refuse = [&](const Status& why) -> Status {
@@ -149,6 +159,7 @@ Status SearchSetup::PrepareEvaluator() {
     return refuse(judge);
   evaluator_ = std::move(made->evaluator);
   measured_gpu_ = made->gpu;
+  if (config_.implement == "agent") KS_RETURN_IF_ERROR(MakePracticeEvaluator(eo));
   // What this GPU measured, for the prompts of this search and of split
   // searches that name this GPU (the orchestrator reads it from the store).
   if (!measured_gpu_) return Status::Ok();

@@ -105,6 +105,10 @@ class SearchSetup {
   const SearchConfig& config() const { return config_; }
   const std::string& problem_file() const { return problem_file_; }
   CandidateEvaluator* evaluator() const { return evaluator_.get(); }
+  // The agent's practice evaluator (SearchConfig::implement "agent"): made by
+  // PrepareEvaluator beside the judging one, on practice input sets
+  // (kPracticeReferenceSeed, one GPU); null in one-shot mode.
+  CandidateEvaluator* practice_evaluator() const { return practice_evaluator_.get(); }
   LlmClient* llm() const { return llm_.get(); }
   // What the evaluator measured (PrepareEvaluator), if it stands for a device.
   const std::optional<GpuFacts>& measured_gpu() const { return measured_gpu_; }
@@ -112,6 +116,7 @@ class SearchSetup {
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:
+  Status MakePracticeEvaluator(EvaluatorOptions eo);
   SearchSetup(store::LineageStore* store, SetupOptions options) : store_(store), options_(std::move(options)) {}
   Status MakeModel();
   void Phase(const std::string& what) const {
@@ -125,6 +130,7 @@ class SearchSetup {
   std::string problem_file_;
   std::unique_ptr<LlmClient> llm_;
   std::unique_ptr<CandidateEvaluator> evaluator_;
+  std::unique_ptr<CandidateEvaluator> practice_evaluator_;
   std::optional<GpuFacts> measured_gpu_;
   std::vector<std::string> notes_;
 };

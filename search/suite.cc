@@ -295,7 +295,7 @@ Status SuiteRunner::RunEntry(int64_t suite_id, const store::SuiteEntryRow& entry
   std::string name = Stem(file);
   int index = entry.position;
   Orchestrator orch({.store = store, .llm = deps_.llm, .evaluator = evaluator, .prompts = deps_.prompts,
-                     .cancel = deps_.cancel},
+                     .cancel = deps_.cancel, .practice_evaluator = setup->practice_evaluator()},
                     [&](const SearchEvent& e) {
                       if (!on_event_) return;
                       SuiteEvent se{.type = SuiteEvent::Type::kSearchProgress, .index = index, .count = count,

@@ -72,6 +72,10 @@ SearchConfig ToSearchConfig(const pb::SearchConfig& c, const SearchConfig& serve
   out.target_speedup = c.target_speedup();
   out.require_robust = c.require_robust();
   out.precision = c.precision();
+  if (!c.implement().empty()) out.implement = c.implement();
+  if (c.agent_turns() > 0) out.agent_turns = c.agent_turns();
+  if (c.agent_tool_calls() > 0) out.agent_tool_calls = c.agent_tool_calls();
+  out.agent_tokens = c.agent_tokens();
   return out;
 }
 
@@ -89,6 +93,10 @@ pb::SearchConfig FromSearchConfig(const SearchConfig& c) {
   out.set_target_speedup(c.target_speedup);
   out.set_require_robust(c.require_robust);
   out.set_precision(c.precision);
+  out.set_implement(c.implement);
+  out.set_agent_turns(c.agent_turns);
+  out.set_agent_tool_calls(c.agent_tool_calls);
+  out.set_agent_tokens(c.agent_tokens);
   return out;
 }
 

@@ -61,6 +61,16 @@ StatusOr<kernelsearch::v1::SearchConfig> ValidateSearchConfig(const kernelsearch
   if (!std::isfinite(c.target_speedup()) || c.target_speedup() < 0 || c.target_speedup() > b.max_target_speedup)
     return InvalidArgument("config.target_speedup = " + Num(c.target_speedup()) + ": must be in [0, " +
                            Num(b.max_target_speedup) + "] (0: no target)");
+  if (c.implement().empty()) c.set_implement("oneshot");
+  if (c.implement() != "oneshot" && c.implement() != "agent")
+    return InvalidArgument("config.implement = '" + c.implement() + "': must be oneshot or agent");
+  if (c.agent_turns() == 0) c.set_agent_turns(b.default_agent_turns);
+  if (c.agent_tool_calls() == 0) c.set_agent_tool_calls(b.default_agent_tool_calls);
+  KS_RETURN_IF_ERROR(CheckInt("agent_turns", c.agent_turns(), b.max_agent_turns));
+  KS_RETURN_IF_ERROR(CheckInt("agent_tool_calls", c.agent_tool_calls(), b.max_agent_tool_calls));
+  if (c.agent_tokens() < 0 || c.agent_tokens() > b.max_agent_tokens)
+    return InvalidArgument("config.agent_tokens = " + std::to_string(c.agent_tokens()) + ": must be in [0, " +
+                           std::to_string(b.max_agent_tokens) + "] (0: no limit)");
   int64_t planned = (int64_t{c.rounds()} + 1) * c.beam() * c.ideas_per_round() * c.branches();
   if (planned > b.max_planned_candidates)
     return InvalidArgument("config: (rounds + 1) x beam x ideas_per_round x branches = " + std::to_string(planned) +

@@ -17,6 +17,9 @@ struct ConfigBounds {
   int max_branches = 16;
   int max_beam = 8;
   int max_repair_attempts = 4;
+  int max_agent_turns = 32;        // per implementation (issue 24)
+  int max_agent_tool_calls = 64;
+  int64_t max_agent_tokens = 10000000;
   double max_budget_usd = 1000;
   int64_t max_budget_calls = 100000;
   int64_t max_budget_tokens = 1000000000;
@@ -32,6 +35,8 @@ struct ConfigBounds {
   int default_branches = 2;
   int default_beam = 2;
   int default_repair_attempts = 1;
+  int default_agent_turns = 8;
+  int default_agent_tool_calls = 12;
   double default_budget_usd = 5;
   int64_t default_budget_calls = 2000;
   int64_t default_budget_tokens = 50000000;

@@ -109,6 +109,7 @@ Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
   deps.store = store_;
   deps.llm = setup->llm();
   deps.evaluator = setup->evaluator();
+  deps.practice_evaluator = setup->practice_evaluator();
   deps.prompts = prompts_;
   deps.cancel = stop;
   // Watchers read the store; an event only says "look now".

@@ -124,6 +124,36 @@ struct LlmCallRow {
 };
 
 // Totals over a search's LLM calls (failed calls included: they cost).
+// One tool call of an agent's conversation (search/agent.h) and its answer.
+struct AttemptRow {
+  int64_t id = 0;
+  int64_t search_id = 0;
+  std::optional<int64_t> idea_id;
+  std::string slot_key;   // the implementation it belongs to ("r0/i3/b1")
+  int turn = 0;           // the model turn that made the call, from 0
+  int call_index = 0;     // its place among that turn's calls
+  std::string tool_call_id;
+  std::string tool;       // "compile", "test", "profile", "submit", or what the model named
+  std::string arguments;  // JSON as the model sent it
+  std::string source;     // the candidate it carried, when it carried one
+  std::string plan_json;
+  std::string status;     // the evaluation status name, "tool_error" or "" (submit)
+  bool is_error = false;  // answered as a tool error
+  std::string result;     // what the model was told
+  std::string evaluation_json;  // the practice evaluation, when one ran
+  // Unused so far: the submitted candidate is the one stored under slot_key.
+  std::optional<int64_t> candidate_id;
+  std::string created;
+};
+
+// Tool calls of a search's agents, for `history`.
+struct AttemptCounts {
+  int64_t tool_calls = 0;
+  int64_t tool_errors = 0;
+  int64_t tests = 0;       // practice evaluations (compile and test)
+  int64_t submitted = 0;
+};
+
 struct LlmSpend {
   int64_t calls = 0;
   int64_t tokens_in = 0;
@@ -301,6 +331,13 @@ class LineageStore {
 
   // LLM calls.
   StatusOr<int64_t> PutLlmCall(int64_t search_id, const std::string& slot_key, const LlmCallRecord& record);
+
+  // Agent attempts (store/attempts.cc). Put is idempotent on (search, slot,
+  // turn, call): a resumed search that runs a step again keeps the first row.
+  StatusOr<int64_t> PutAttempt(const AttemptRow& attempt);
+  // An implementation's attempts by turn and call ("" slot: the whole search's).
+  StatusOr<std::vector<AttemptRow>> ListAttempts(int64_t search_id, const std::string& slot_key = "");
+  StatusOr<AttemptCounts> CountAttempts(int64_t search_id);
   // A successful call of this search with this role, prompt hash and slot key.
   StatusOr<std::optional<LlmCallRow>> FindFinishedLlmCall(int64_t search_id, const std::string& role,
                                                           const std::string& prompt_sha256,

@@ -172,6 +172,34 @@ CREATE TABLE leases (
   created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
 )sql",
+      // 7: agent attempts (issue 24): each tool call of an agent's
+      // conversation (search/agent.h), its candidate and what the model was
+      // told, stored before the next model turn so a resumed search replays
+      // the conversation instead of paying for it again. One row per
+      // (implementation slot, turn, call); `candidate_id` is the submitted one.
+      R"sql(
+CREATE TABLE attempts (
+  id INTEGER PRIMARY KEY,
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  idea_id INTEGER REFERENCES ideas(id),
+  slot_key TEXT NOT NULL,
+  turn INTEGER NOT NULL,
+  call_index INTEGER NOT NULL,
+  tool_call_id TEXT NOT NULL,
+  tool TEXT NOT NULL,
+  arguments TEXT NOT NULL,
+  source TEXT NOT NULL DEFAULT '',
+  plan_json TEXT NOT NULL DEFAULT '',
+  status TEXT NOT NULL DEFAULT '',
+  is_error INTEGER NOT NULL DEFAULT 0,
+  result TEXT NOT NULL,
+  evaluation_json TEXT NOT NULL DEFAULT '',
+  candidate_id INTEGER REFERENCES candidates(id),
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  UNIQUE (search_id, slot_key, turn, call_index)
+);
+CREATE INDEX attempts_by_idea ON attempts (search_id, idea_id);
+)sql",
   };
   return kSteps;
 }

@@ -36,6 +36,36 @@ TEST(ValidateSearchConfig, ZeroRepairsIsKeptNotDefaulted) {
   EXPECT_EQ(c->repair_attempts(), 0);
 }
 
+TEST(ValidateSearchConfig, AgentModeIsCheckedDefaultedAndConverted) {
+  ConfigBounds b;
+  auto plain = ValidateSearchConfig(pb::SearchConfig(), b);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->implement(), "oneshot");
+  pb::SearchConfig in;
+  in.set_implement("agent");
+  in.set_agent_tokens(50000);
+  auto c = ValidateSearchConfig(in, b);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->agent_turns(), b.default_agent_turns);
+  EXPECT_EQ(c->agent_tool_calls(), b.default_agent_tool_calls);
+  SearchConfig internal = ToSearchConfig(*c, SearchConfig());
+  EXPECT_EQ(internal.implement, "agent");
+  EXPECT_EQ(internal.agent_tokens, 50000);
+  EXPECT_TRUE(internal.Validate().ok());
+  EXPECT_EQ(FromSearchConfig(internal).implement(), "agent");
+  for (auto bad : {std::make_pair("implement", 0), std::make_pair("agent_turns", 1),
+                   std::make_pair("agent_tool_calls", 2), std::make_pair("agent_tokens", 3)}) {
+    pb::SearchConfig x;
+    if (bad.second == 0) x.set_implement("swarm");
+    if (bad.second == 1) x.set_agent_turns(b.max_agent_turns + 1);
+    if (bad.second == 2) x.set_agent_tool_calls(-1);
+    if (bad.second == 3) x.set_agent_tokens(-5);
+    auto r = ValidateSearchConfig(x, b);
+    ASSERT_FALSE(r.ok()) << bad.first;
+    EXPECT_NE(r.status().message().find(bad.first), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(ValidateSearchConfig, OutOfBoundsFieldsAreNamed) {
   ConfigBounds b;
   auto expect_bad = [&](pb::SearchConfig c, const std::string& field) {

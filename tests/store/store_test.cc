@@ -155,6 +155,37 @@ TEST_F(StoreTest, SlotKeysMakeInsertsIdempotent) {
   EXPECT_FALSE(store->PutIdea({.search_id = s, .text = "no slot"}).ok());
 }
 
+TEST_F(StoreTest, AgentAttemptsAreIdempotentOrderedAndCounted) {
+  auto store = OpenOrDie();
+  int64_t p = *store->PutProblem({.name = "x", .file_path = "x.py", .source = "x"});
+  int64_t s = *store->CreateSearch(p, "{}");
+  auto put = [&](int turn, int call, const std::string& tool, bool error, const std::string& eval) {
+    return store->PutAttempt({.search_id = s, .slot_key = "r0/i1/b0", .turn = turn, .call_index = call,
+                              .tool_call_id = "c", .tool = tool, .arguments = "{}", .is_error = error,
+                              .result = tool + " result", .evaluation_json = eval});
+  };
+  auto first = put(1, 0, "test", false, "{}");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(put(0, 0, "compile", false, "{}").ok());
+  ASSERT_TRUE(put(0, 1, "nonsense", true, "").ok());
+  ASSERT_TRUE(put(2, 0, "submit", false, "").ok());
+  auto again = put(1, 0, "test", true, "");  // a resumed run stores the same step again: the first row stays
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *first);
+  auto rows = *store->ListAttempts(s, "r0/i1/b0");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].tool, "compile");
+  EXPECT_EQ(rows[1].tool, "nonsense");
+  EXPECT_EQ(rows[2].tool, "test");
+  EXPECT_FALSE(rows[2].is_error);
+  EXPECT_TRUE(store->ListAttempts(s, "r0/i2/b0")->empty());
+  auto counts = *store->CountAttempts(s);
+  EXPECT_EQ(counts.tool_calls, 4);
+  EXPECT_EQ(counts.tool_errors, 1);
+  EXPECT_EQ(counts.tests, 2);
+  EXPECT_EQ(counts.submitted, 1);
+}
+
 TEST_F(StoreTest, EvaluationsBestLineageAndPending) {
   auto store = OpenOrDie();
   int64_t p = *store->PutProblem({.name = "x", .file_path = "x.py", .source = "x"});

@@ -1,0 +1,99 @@
+// The agent mode of the implement step inside a search run: the agent's model
+// turns go through the run's budgets and store like every other call, its
+// compile/test tools through the practice evaluator, and the candidate it ends
+// with into the lineage as the one-shot step's would.
+
+#include "search/search_run.h"
+
+namespace ks {
+
+// What search/agent.h's loop needs, served by the run. One per implementation.
+class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
+ public:
+  explicit AgentHostImpl(SearchRun* run) : run_(run) {}
+
+  StatusOr<std::optional<AssistantReply>> Converse(const ConversationRequest& request,
+                                                   const std::string& slot) override {
+    SearchRun& r = *run_;
+    std::string prompt = ConversationToJson(request).dump();
+    std::string hash = store::PromptHash(request.role, request.system, prompt);
+    KS_ASSIGN_OR_RETURN(auto found, r.store_->FindFinishedLlmCall(r.search_id_, request.role, hash, slot));
+    if (found) {  // a resumed search: this turn was paid for already
+      nlohmann::json j = nlohmann::json::parse(found->record.response, nullptr, /*allow_exceptions=*/false);
+      KS_ASSIGN_OR_RETURN(AssistantReply reply, ReplyFromJson(j));
+      std::lock_guard<std::mutex> lock(r.mu_);
+      ++r.calls_reused_;
+      return std::optional<AssistantReply>(std::move(reply));
+    }
+    if (!r.ReserveCall(/*first_pass=*/true, nullptr)) return std::optional<AssistantReply>();
+    LlmCallRecord record;
+    ConversationRequest sent = request;
+    sent.cancel = r.o_->deps_.cancel;
+    auto reply = r.o_->deps_.llm->Converse(sent, &record);
+    // The stored prompt is what the resume lookup hashes, whatever the backend wrote.
+    record.prompt = prompt;
+    record.system = request.system;
+    if (reply.ok()) record.response = ReplyToJson(*reply).dump();
+    KS_RETURN_IF_ERROR(r.RecordCall(request.role, slot, reply.status(), /*first_pass=*/true, &record));
+    if (!reply.ok()) return std::optional<AssistantReply>();
+    return std::optional<AssistantReply>(std::move(*reply));
+  }
+
+  StatusOr<Evaluation> Practice(const Candidate& candidate) override {
+    CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
+    if (!ev)
+      return FailedPrecondition("agent mode needs a practice evaluator (the GPU side); "
+                                "split searches (--generate-only) cannot run it");
+    std::lock_guard<std::mutex> lock(run_->practice_mu_);
+    KS_ASSIGN_OR_RETURN(std::vector<Evaluation> out, ev->EvaluateBatch({candidate}));
+    if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " results");
+    return std::move(out.front());
+  }
+
+  StatusOr<CounterReport> Profile(const Candidate& candidate) override {
+    CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
+    if (!ev) return FailedPrecondition("agent mode needs a practice evaluator (the GPU side)");
+    std::lock_guard<std::mutex> lock(run_->practice_mu_);
+    std::vector<CounterReport> out = ev->ReadCounters({candidate});
+    if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " reports");
+    return std::move(out.front());
+  }
+
+  StatusOr<std::vector<store::AttemptRow>> StoredAttempts(const std::string& slot) override {
+    return run_->store_->ListAttempts(run_->search_id_, slot);
+  }
+
+  Status StoreAttempt(const store::AttemptRow& attempt) override {
+    return run_->store_->PutAttempt(attempt).status();
+  }
+
+ private:
+  SearchRun* const run_;
+};
+
+Status Orchestrator::SearchRun::AgentImplement(const IdeaRow& idea, std::optional<int64_t> parent, int branch,
+                                               const RenderedPrompt& prompt, const std::string& slot) {
+  AgentTask task;
+  task.search_id = search_id_;
+  task.idea_id = idea.id;
+  task.slot = slot;
+  task.system = prompt.system;
+  task.prompt = prompt.user;
+  task.signature = &problem_.signature;
+  task.limits = {config_.agent_turns, config_.agent_tool_calls, config_.agent_tokens};
+  task.profile = o_->deps_.practice_evaluator && o_->deps_.practice_evaluator->CanReadCounters();
+  AgentHostImpl host(this);
+  KS_ASSIGN_OR_RETURN(AgentOutcome outcome, RunAgent(task, &host));
+  CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,
+                 .kind = CandidateKind::kPrimary, .branch = branch, .slot_key = slot};
+  if (outcome.stop == "answered") return StoreReply(c, outcome.final_text);  // no tools: a one-shot reply
+  if (!outcome.candidate) return Status::Ok();  // refused or out of budget with nothing correct: no candidate
+  KS_ASSIGN_OR_RETURN(auto existing, store_->FindCandidateBySlot(search_id_, slot));
+  c.source = outcome.candidate->source;
+  c.plan_json = outcome.candidate->plan_json;
+  KS_ASSIGN_OR_RETURN(int64_t id, store_->PutCandidate(c));
+  if (!existing) CandidateStored(id, idea.id, /*pending=*/true);
+  return Status::Ok();
+}
+
+}  // namespace ks
