@@ -319,6 +319,12 @@ void GpuEvaluator::Judgement::KeepWorst(const std::vector<OutputError>& errors) 
 // The candidate through the phases (gpu_evaluator.h, Judgement), in order:
 // any phase may end it with its result.
 Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const CompileResult& compiled) {
+  if (Status st = ctx_.MakeCurrent(); !st.ok()) {
+    Evaluation e;
+    e.status = EvalStatus::kRuntimeError;
+    e.message = "evaluator: the GPU context: " + st.message();
+    return e;
+  }
   Judgement j(candidate, compiled);
   j.e.device = info_.name;
   j.e.target = arch_;
@@ -372,6 +378,9 @@ void GpuEvaluator::UnloadCandidate() {
 }
 
 StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<Candidate>& candidates) {
+  // The caller's thread may not be the one that made the evaluator (an
+  // agent's practice evaluator runs on the search's generation threads).
+  KS_RETURN_IF_ERROR(ctx_.MakeCurrent().WithContext("the evaluator's GPU context"));
   // Compiles run in parallel (each in its own ks-worker compile child); GPU
   // work follows in order, starting as soon as each compile is done.
   std::vector<std::promise<StatusOr<CompileResult>>> promises(candidates.size());

@@ -77,6 +77,10 @@ std::string ReadText(const std::string& path) {
 
 std::vector<CounterReport> GpuEvaluator::ReadCounters(const std::vector<Candidate>& candidates) {
   std::vector<CounterReport> out;
+  if (Status st = ctx_.MakeCurrent(); !st.ok()) {
+    for (size_t i = 0; i < candidates.size(); ++i) out.push_back({{}, "the evaluator's GPU context: " + st.message(), 0});
+    return out;
+  }
   const std::string ncu = FindNcu();
   if (ncu.empty() && counters_unavailable_.empty())
     counters_unavailable_ = getenv("KS_NCU") ? "KS_NCU=none: hardware counters are turned off"

@@ -371,7 +371,10 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
   }
   if (!batch.empty()) {
     auto t0 = Clock::now();
+    std::unique_lock<std::mutex> gpu(practice_mu_, std::defer_lock);
+    if (o_->deps_.practice_evaluator) gpu.lock();  // no practice run beside the timed ones
     auto results = o_->deps_.evaluator->EvaluateBatch(batch);
+    if (gpu.owns_lock()) gpu.unlock();
     evaluator_s_ += Seconds(t0);
     if (!results.ok()) return results.status().WithContext("evaluator");
     if (results->size() != batch.size())
@@ -413,7 +416,10 @@ Status Orchestrator::SearchRun::ReadCountersOfBest(const std::set<int>& rounds) 
   }
   if (batch.empty()) return Status::Ok();
   auto t0 = Clock::now();
+  std::unique_lock<std::mutex> gpu(practice_mu_, std::defer_lock);
+  if (o_->deps_.practice_evaluator) gpu.lock();
   std::vector<CounterReport> reports = o_->deps_.evaluator->ReadCounters(batch);
+  if (gpu.owns_lock()) gpu.unlock();
   counters_s_ += Seconds(t0);
   evaluator_s_ += Seconds(t0);
   for (size_t i = 0; i < ids.size() && i < reports.size(); ++i) {

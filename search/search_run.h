@@ -303,7 +303,11 @@ class Orchestrator::SearchRun {
   std::set<int64_t> counters_read_;    // Run thread only: candidates profiled by this process
   std::string counters_note_;          // Run thread only: the last "no counters" note emitted
   double llm_wait_s_ = 0;              // (mu_)
-  std::mutex practice_mu_;             // serializes the practice evaluator (agents run on several threads)
+  // The GPU's, in agent mode: the practice evaluator (agents run on several
+  // threads) and the judging one share the GPU, and a practice run must not
+  // overlap a judged candidate's timed runs. Held around every practice call
+  // and every judging batch (and counter read) of a search with agents.
+  std::mutex practice_mu_;
 };
 
 }  // namespace ks
