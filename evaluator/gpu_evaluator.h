@@ -102,6 +102,10 @@ enum class TimingMode {
 
 struct GpuEvaluatorOptions {
   int device = 0;
+  // Whether a wrong output's message names the reference's value at the
+  // first wrong element ("got X, expected Y"). Off for an agent's practice
+  // evaluator: its tools give error figures only, never reference values.
+  bool reveal_reference_values = true;
   std::string worker_path;          // "" = FindWorker
   double run_timeout_s = 0;         // one run of the plan; 0 = auto: 200x the eager median, within 2..60 s
   double compile_timeout_s = 60;

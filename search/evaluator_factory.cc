@@ -108,6 +108,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       go.python = options.python;
       go.compile_threads = CompileThreadsPerGpu(devices.size());
       go.precision = options.precision;
+      go.reveal_reference_values = options.reveal_reference_values;
       return GpuEvaluator::Create(ref, go);
     };
     auto facts_of = [](GpuEvaluator* ev) {

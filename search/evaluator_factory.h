@@ -36,6 +36,8 @@ struct EvaluatorOptions {
   // the default; the agent's practice sets (search/agent.h) use
   // kPracticeReferenceSeed, so that no practice set is a judging set.
   uint64_t reference_seed = 42;
+  // GpuEvaluatorOptions::reveal_reference_values (off for practice evaluators).
+  bool reveal_reference_values = true;
 };
 
 // Practice sets are drawn from seeds 1043, 1044, ... (set i uses seed + 1 + i)

@@ -132,6 +132,7 @@ StatusOr<std::unique_ptr<SearchSetup>> SearchSetup::Open(store::LineageStore* st
 Status SearchSetup::MakePracticeEvaluator(EvaluatorOptions eo) {
   Phase("preparing the agent's practice reference (other input sets than the judging ones)");
   eo.reference_seed = kPracticeReferenceSeed;
+  eo.reveal_reference_values = false;  // the agent's tools give error figures, never reference values
   eo.gpus = "";  // one GPU: an agent's test is one candidate at a time
   auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_) : MakeSearchEvaluator(problem_file_, eo);
   if (!made.ok()) return made.status().WithContext("the agent's practice evaluator");

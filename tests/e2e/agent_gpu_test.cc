@@ -120,6 +120,9 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
   ASSERT_EQ(attempts->size(), 4u);
   EXPECT_EQ((*attempts)[0].status, "compile_error") << (*attempts)[0].result;
   EXPECT_EQ((*attempts)[1].status, "incorrect") << (*attempts)[1].result;
+  // Error figures and positions only: no reference value reaches the model.
+  EXPECT_EQ((*attempts)[1].result.find(", expected "), std::string::npos) << (*attempts)[1].result;
+  EXPECT_NE((*attempts)[1].result.find("first at index"), std::string::npos) << (*attempts)[1].result;
   EXPECT_EQ((*attempts)[2].status, "correct") << (*attempts)[2].result;
   EXPECT_EQ((*attempts)[3].tool, "submit");
   std::printf("agent tool results:\n--- compile ---\n%s\n--- test (bug) ---\n%s\n--- test (fixed) ---\n%s\n",
