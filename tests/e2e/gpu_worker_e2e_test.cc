@@ -159,9 +159,7 @@ TEST(GpuWorkerE2E, ADegenerateReferenceOnTheWorkersGpuFailsTheSearchWithTheCliMe
   auto c = h.Connect();
   pb::SubmitProblemRequest submit;
   submit.set_name("zeros");
-  submit.set_source("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
-                    "        return torch.zeros_like(x)\n\ndef get_inputs():\n    return [torch.randn(256)]\n\n"
-                    "def get_init_inputs():\n    return []\n");
+  submit.set_source(kZerosProblem);
   auto problem = c->SubmitProblem(submit);
   ASSERT_TRUE(problem.ok()) << problem.status().ToString() << h.Log();
   pb::StartSearchRequest req;

@@ -44,6 +44,12 @@ else
 fi
 )SH";
 
+// A problem whose reference is degenerate (all zeros): the GPU side refuses to judge kernels against it.
+inline constexpr const char* kZerosProblem =
+    "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+    "        return torch.zeros_like(x)\n\ndef get_inputs():\n    return [torch.randn(256)]\n\n"
+    "def get_init_inputs():\n    return []\n";
+
 struct HarnessOptions {
   double llm_sleep_s = 0;      // per model call
   double eval_delay_ms = 0;    // per candidate

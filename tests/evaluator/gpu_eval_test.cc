@@ -14,6 +14,7 @@
 #include "common/files.h"
 #include "evaluator/roofline.h"
 #include "tests/evaluator/gpu_test_util.h"
+#include "tests/evaluator/softmax_kernel.h"
 
 namespace ks {
 namespace {
@@ -22,42 +23,8 @@ using ::testing::HasSubstr;
 using ks::testing::EvalOne;
 using ks::testing::EvaluatorFor;
 using ks::testing::GpuFixture;
+using ks::testing::kSoftmax;
 
-constexpr const char* kSoftmax = R"CUDA(
-__device__ float BlockReduce(float v, bool is_max, float* red) {
-  for (int o = 16; o; o >>= 1) {
-    float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = is_max ? fmaxf(v, w) : v + w;
-  }
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : (is_max ? -INFINITY : 0.f);
-    for (int o = 16; o; o >>= 1) {
-      float w = __shfl_xor_sync(0xffffffffu, v, o);
-      v = is_max ? fmaxf(v, w) : v + w;
-    }
-    if (threadIdx.x == 0) red[0] = v;
-  }
-  __syncthreads();
-  float r = red[0];
-  __syncthreads();
-  return r;
-}
-extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ out, int cols, int last) {
-  __shared__ float red[32];
-  const float* row = x + (size_t)blockIdx.x * cols;
-  float* orow = out + (size_t)blockIdx.x * cols;
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, row[i]);
-  m = BlockReduce(m, true, red);
-  float s = 0.f;
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) s += expf(row[i] - m);
-  s = BlockReduce(s, false, red);
-  float inv = 1.f / s;
-  for (int i = threadIdx.x; i < last; i += blockDim.x) orow[i] = expf(row[i] - m) * inv;
-}
-)CUDA";
 
 std::string SoftmaxPlan(const std::string& last) {
   return std::string(R"P({"launches": [{"kernel": "softmax_rows", "grid": ["x.shape[0]"], "block": [256],
