@@ -19,6 +19,16 @@ class CandidateEvaluator {
   // an Evaluation, never a Status; a Status is for the evaluator itself failing
   // (no GPU, the reference could not be computed).
   virtual StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) = 0;
+  // Compiles one candidate and resolves its plan, without running it (the
+  // agent's `compile` tool, search/agent.h): compile_error or invalid_plan,
+  // else the compile fields (target, log, resources, launches) with status
+  // kCorrect and the message "compiled; not run". Nothing is judged by it.
+  // This default evaluates it in full (an evaluator with no cheaper way).
+  virtual StatusOr<Evaluation> CompileOnly(const Candidate& candidate) {
+    KS_ASSIGN_OR_RETURN(std::vector<Evaluation> out, EvaluateBatch({candidate}));
+    if (out.size() != 1) return Internal("the evaluator returned " + std::to_string(out.size()) + " results for one");
+    return std::move(out.front());
+  }
   // Hardware counters of each candidate's launches (evaluator/counters.h), one
   // report per candidate. An evaluator that cannot read them says so in each
   // report's note; the search goes on either way.

@@ -377,6 +377,37 @@ void GpuEvaluator::UnloadCandidate() {
   if (!ReceiveMessage(worker_.stdout_fd(), 30).ok()) StopWorker("unload failed");
 }
 
+StatusOr<Evaluation> GpuEvaluator::CompileOnly(const Candidate& candidate) {
+  CompileOptions co;
+  co.arch = arch_;
+  co.worker_path = opts_.worker_path;
+  co.timeout_s = opts_.compile_timeout_s;
+  KS_ASSIGN_OR_RETURN(CompileResult compiled, CompileCandidate(candidate.source, co));
+  Evaluation e;
+  e.device = info_.name;
+  e.target = arch_;
+  e.compile_log = compiled.log;
+  e.compile_s = compiled.seconds;
+  for (const auto& k : compiled.kernels) e.resources.push_back(k.resources);
+  if (!compiled.ok) {
+    e.status = EvalStatus::kCompileError;
+    e.message = compiled.message;
+    return e;
+  }
+  PlanLimits limits;
+  if (info_.shared_per_block_optin > 0) limits.max_shared_bytes_per_block = info_.shared_per_block_optin;
+  auto plan = ResolvePlan(candidate.plan_json, ref_.signature, compiled.kernels, limits);
+  if (!plan.ok()) {
+    e.status = EvalStatus::kInvalidPlan;
+    e.message = plan.status().message();
+    return e;
+  }
+  e.launches = plan->Summary();
+  e.status = EvalStatus::kCorrect;
+  e.message = "compiled; not run";
+  return e;
+}
+
 StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<Candidate>& candidates) {
   // The caller's thread may not be the one that made the evaluator (an
   // agent's practice evaluator runs on the search's generation threads).

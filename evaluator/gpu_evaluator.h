@@ -151,6 +151,8 @@ class GpuEvaluator : public CandidateEvaluator {
   ~GpuEvaluator() override;
 
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override;
+  // NVRTC and the plan's resolution against the signature: CPU work, no GPU run.
+  StatusOr<Evaluation> CompileOnly(const Candidate& candidate) override;
   std::string DeviceName() const override { return info_.name; }
 
   // One candidate already compiled (the batch path calls this in order),

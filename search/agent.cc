@@ -90,10 +90,18 @@ StatusOr<store::AttemptRow> Execute(const AgentTask& task, const ToolCall& call,
     row.result = "hardware counters (Nsight Compute, practice input sets):\n" + CountersText(report, "- ", 6000);
     return row;
   }
+  if (call.name == "compile") {
+    // Compiled and resolved, never run: no verdict, no figures to store.
+    KS_ASSIGN_OR_RETURN(Evaluation e, host->CompileOnly(*c));
+    const bool failed = e.status == EvalStatus::kCompileError || e.status == EvalStatus::kInvalidPlan;
+    row.status = failed ? EvalStatusName(e.status) : "compiled";
+    row.result = CompileDigest(e);
+    return row;
+  }
   KS_ASSIGN_OR_RETURN(Evaluation e, host->Practice(*c));
   row.evaluation_json = EvaluationToJson(e).dump();
   row.status = EvalStatusName(e.status);
-  row.result = call.name == "compile" ? CompileDigest(e) : TestDigest(e, task.signature);
+  row.result = TestDigest(e, task.signature);
   return row;
 }
 

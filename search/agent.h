@@ -62,6 +62,8 @@ class AgentHost {
                                                            const std::string& slot) = 0;
   // The practice evaluation of one candidate (never the judging sets).
   virtual StatusOr<Evaluation> Practice(const Candidate& candidate) = 0;
+  // The candidate compiled and its plan resolved, not run (CandidateEvaluator::CompileOnly).
+  virtual StatusOr<Evaluation> CompileOnly(const Candidate& candidate) = 0;
   // Its hardware counters, from one more verified practice run.
   virtual StatusOr<CounterReport> Profile(const Candidate& candidate) = 0;
   virtual StatusOr<std::vector<store::AttemptRow>> StoredAttempts(const std::string& slot) = 0;

@@ -50,6 +50,13 @@ class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
     return std::move(out.front());
   }
 
+  StatusOr<Evaluation> CompileOnly(const Candidate& candidate) override {
+    CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
+    if (!ev) return FailedPrecondition("agent mode needs a practice evaluator (the GPU side)");
+    std::lock_guard<std::mutex> lock(run_->practice_mu_);  // the evaluator is one caller at a time
+    return ev->CompileOnly(candidate);
+  }
+
   StatusOr<CounterReport> Profile(const Candidate& candidate) override {
     CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
     if (!ev) return FailedPrecondition("agent mode needs a practice evaluator (the GPU side)");

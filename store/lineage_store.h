@@ -150,7 +150,7 @@ struct AttemptRow {
 struct AttemptCounts {
   int64_t tool_calls = 0;
   int64_t tool_errors = 0;
-  int64_t tests = 0;       // practice evaluations (compile and test)
+  int64_t tests = 0;       // practice evaluations (the `test` tool; `compile` runs nothing)
   int64_t submitted = 0;
 };
 

@@ -1,6 +1,7 @@
 // Issue 24 on a GPU: `kernelsearch search --implement agent` with a scripted
 // command: agent against the real evaluator on a softmax problem. The agent
-// compiles a broken draft (compile error), tests a draft that leaves the last
+// compiles a broken draft (compile error), compiles the good one (resources and
+// launches, nothing run), tests a draft that leaves the last
 // column unwritten (incorrect), tests the fixed one (correct) and submits it.
 // The practice sets and the judging sets differ (the same deterministic
 // kernel shows other error figures on each), and the submitted kernel is
@@ -58,6 +59,7 @@ TEST(AgentGpuTest, ScriptedAgentOnPracticeSetsThenJudgedByTheOrdinaryEvaluation)
   const std::string db = (dir / "ks.db").string();
   const std::string problem = ks::testing::SourceDir() + "/tests/evaluator/gpu_fixtures/softmax_small.py";
   json turns = json::array({Turn("compile", std::string(kSoftmax) + "\nthis is not CUDA;\n", Plan("x.shape[1]")),
+                            Turn("compile", kSoftmax, Plan("x.shape[1]")),
                             Turn("test", kSoftmax, Plan("x.shape[1] - 1")),
                             Turn("test", kSoftmax, Plan("x.shape[1]")),
                             Turn("submit", kSoftmax, Plan("x.shape[1]"))});
@@ -84,17 +86,23 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   auto attempts = (*store)->ListAttempts(1);
   ASSERT_TRUE(attempts.ok());
-  ASSERT_EQ(attempts->size(), 4u);
+  ASSERT_EQ(attempts->size(), 5u);
   EXPECT_EQ((*attempts)[0].status, "compile_error") << (*attempts)[0].result;
-  EXPECT_EQ((*attempts)[1].status, "incorrect") << (*attempts)[1].result;
+  // Compiled and resolved on the judging GPU's target, not run.
+  EXPECT_EQ((*attempts)[1].status, "compiled") << (*attempts)[1].result;
+  EXPECT_NE((*attempts)[1].result.find("registers/thread"), std::string::npos) << (*attempts)[1].result;
+  EXPECT_NE((*attempts)[1].result.find("launch softmax_rows: grid"), std::string::npos) << (*attempts)[1].result;
+  EXPECT_TRUE((*attempts)[1].evaluation_json.empty()) << "a compile runs nothing";
+  EXPECT_EQ((*attempts)[2].status, "incorrect") << (*attempts)[2].result;
   // Error figures and positions only: no reference value reaches the model.
-  EXPECT_EQ((*attempts)[1].result.find(", expected "), std::string::npos) << (*attempts)[1].result;
-  EXPECT_NE((*attempts)[1].result.find("first at index"), std::string::npos) << (*attempts)[1].result;
-  EXPECT_EQ((*attempts)[2].status, "correct") << (*attempts)[2].result;
-  EXPECT_EQ((*attempts)[3].tool, "submit");
-  std::printf("agent tool results:\n--- compile ---\n%s\n--- test (bug) ---\n%s\n--- test (fixed) ---\n%s\n",
+  EXPECT_EQ((*attempts)[2].result.find(", expected "), std::string::npos) << (*attempts)[2].result;
+  EXPECT_NE((*attempts)[2].result.find("first at index"), std::string::npos) << (*attempts)[2].result;
+  EXPECT_EQ((*attempts)[3].status, "correct") << (*attempts)[3].result;
+  EXPECT_EQ((*attempts)[4].tool, "submit");
+  std::printf("agent tool results:\n--- compile (bad) ---\n%s\n--- compile ---\n%s\n--- test (bug) ---\n%s\n"
+              "--- test (fixed) ---\n%s\n",
               (*attempts)[0].result.substr(0, 600).c_str(), (*attempts)[1].result.c_str(),
-              (*attempts)[2].result.c_str());
+              (*attempts)[2].result.c_str(), (*attempts)[3].result.c_str());
 
   auto cands = (*store)->ListCandidates(1);
   ASSERT_TRUE(cands.ok());
@@ -103,7 +111,7 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
   ASSERT_TRUE(judged.evaluation.has_value());
   EXPECT_EQ(judged.evaluation->status, EvalStatus::kCorrect) << judged.evaluation->evaluation_json.substr(0, 2000);
   // The same deterministic kernel on other input sets: other error figures.
-  double practice = RelNorm((*attempts)[2].evaluation_json), judging = RelNorm(judged.evaluation->evaluation_json);
+  double practice = RelNorm((*attempts)[3].evaluation_json), judging = RelNorm(judged.evaluation->evaluation_json);
   std::printf("relative norm: practice %.6g, judging %.6g; judged %.4f ms, %.2fx eager\n", practice, judging,
               judged.evaluation->median_ms.value_or(0), judged.evaluation->speedup_eager.value_or(0));
   EXPECT_GT(practice, 0);

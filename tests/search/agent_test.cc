@@ -53,7 +53,7 @@ std::vector<std::vector<Call>> Script() {
   };
 }
 // What each tool call is stored with, in order.
-const std::vector<std::string> kStatuses = {"compile_error", "correct",    "incorrect", "tool_error",
+const std::vector<std::string> kStatuses = {"compile_error", "compiled",   "incorrect", "tool_error",
                                             "tool_error",    "correct",    ""};
 
 std::string OpenAiTurn(int turn, const std::vector<Call>& calls) {
@@ -150,7 +150,7 @@ class AgentTest : public ::testing::Test {
     auto counts = *store_->CountAttempts(id);
     EXPECT_EQ(counts.tool_calls, 7);
     EXPECT_EQ(counts.tool_errors, 2);
-    EXPECT_EQ(counts.tests, 4);
+    EXPECT_EQ(counts.tests, 2);  // the two tests that ran; compiles run nothing
     EXPECT_EQ(counts.submitted, 1);
     auto cands = *store_->ListCandidates(id);
     ASSERT_EQ(cands.size(), 1u);
