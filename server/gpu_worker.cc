@@ -191,11 +191,7 @@ void GpuWorker::ServeDevice(int device) {
     for (const auto& [key, cands] : by_problem) {
       const auto& [problem_id, precision] = key;
       std::vector<std::string> ids;
-      std::vector<Candidate> batch;
-      for (const auto* c : cands) {
-        ids.push_back(c->lease_id());
-        batch.push_back(Candidate{c->source(), c->plan_json()});
-      }
+      for (const auto* c : cands) ids.push_back(c->lease_id());
       auto p = resp->problems().find(problem_id);
       if (p == resp->problems().end()) {
         Log("the server sent no source for problem " + problem_id + "; giving the leases back");
@@ -235,7 +231,7 @@ void GpuWorker::ServeDevice(int device) {
       // Candidates whose search does not allow a degenerate reference are
       // refused (the server fails their search); the others are judged.
       std::vector<const pb::LeasedCandidate*> judged, refused;
-      batch.clear();
+      std::vector<Candidate> batch;
       for (const auto* c : cands) {
         if (!refusal.empty() && !c->allow_degenerate()) {
           refused.push_back(c);
