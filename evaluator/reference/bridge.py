@@ -67,7 +67,8 @@ from ks_bridge.signature import _signature_on_meta, input_specs, make_signature,
 # What the tests (tests/evaluator/bridge) reach through this module.
 from ks_bridge.checks import DEFAULT_TOLERANCE, _tolerance_for  # noqa: F401
 from ks_bridge.flops import _flop_counter_class  # noqa: F401
-from ks_bridge.rounding import MAX_ROUNDING_REL_NORM, ROUNDING_FACTOR, _float64_copy, measure_rounding  # noqa: F401
+from ks_bridge.rounding import MAX_ROUNDING_REL_NORM, ROUNDING_FACTOR, _float64_copy  # noqa: F401
+from ks_bridge.truth import compute_truth, measure_rounding  # noqa: F401
 
 
 def cmd_signature(problem, args):

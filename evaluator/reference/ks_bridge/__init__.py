@@ -7,7 +7,9 @@ called, so that a missing torch is reported by bridge.py's main):
   problem_file    loading a problem file and running its code (model, inputs, forward)
   signature       inputs, parameters and outputs by name, dtype and shape
   flops           the FLOP count for the compute floor
-  rounding        the float64 rounding check and PyTorch's default precision (TF32)
+  judge           the judging constants shared with the C++ evaluator (tolerances, contracts, bound blocks)
+  rounding        the float64 run's machinery and budget, PyTorch's default precision (TF32)
+  truth           each set's float64 truth and PyTorch's per-block error from it per precision level
   checks          tolerance, degenerate and near-degenerate outputs, determinism
   resident        references kept on the GPU (CUDA IPC) and how many sets fit
   compile_helper  torch.compile compiled and timed in a helper process

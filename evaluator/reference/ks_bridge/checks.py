@@ -5,27 +5,18 @@ and determinism (two runs of one input set must agree)."""
 import math
 
 from ks_bridge.errors import CHUNK_ELEMENTS
+from ks_bridge.judge import DEFAULT_TOLERANCE, MAX_ROUNDING_REL_NORM, ROUNDING_FACTOR, base_tolerance  # noqa: F401
 from ks_bridge.problem_file import _restore_state, _seed_everything
-from ks_bridge.rounding import MAX_ROUNDING_REL_NORM, ROUNDING_FACTOR
 from ks_bridge.signature import _dtype_name
 
 
-# Per-dtype defaults, the same as Signature::ToleranceFor in evaluator/signature.cc:
-# the degenerate check asks "would a wrong kernel pass?", so it must use the
-# tolerance the evaluator will use.
-DEFAULT_TOLERANCE = {
-    "float16": (1e-2, 1e-2),
-    "bfloat16": (2e-2, 2e-2),
-    "float64": (1e-8, 1e-6),
-    "float32": (1e-4, 1e-4),
-}
-
-
+# The degenerate check asks "would a wrong kernel pass?", so it uses the
+# tolerance the evaluator will use: judge.py's defaults (Signature::ToleranceFor
+# in evaluator/signature.cc), widened for PyTorch's rounding as it does.
 def _tolerance_for(problem, dtype, rounding=None):
     """(atol, rtol) of an output; `rounding` ({"rms", "rel_norm"}, float32
     outputs only) widens atol as the evaluator does."""
-    tol = problem.tolerance
-    atol, rtol = (tol["atol"], tol["rtol"]) if tol is not None else DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = base_tolerance(problem.tolerance, dtype)
     if rounding and dtype == "float32" and rounding["rel_norm"] <= MAX_ROUNDING_REL_NORM:
         atol += ROUNDING_FACTOR * rounding["rms"]
     return atol, rtol

@@ -1,6 +1,11 @@
 """Reference data: the input sets a problem's reference is made of (files or
 resident tensors), the checks on them, the distribution-shifted sets
-(transforms.py), the eager and torch.compile timing, and the manifest."""
+(transforms.py), the eager and torch.compile timing, and the manifest.
+
+Each set's reference output is its float64 truth (truth.py) where float64
+runs, with the per-block bounds of PyTorch's own error beside it under
+"<output>@<level>" (files, or resident tensors); the checks on a reference
+(degenerate outputs, determinism) look at PyTorch's own output."""
 
 import hashlib
 import json
@@ -12,8 +17,9 @@ from ks_bridge.errors import BridgeError
 from ks_bridge.flops import count_flops
 from ks_bridge.problem_file import _restore_state, _seed_everything, _state_snapshot, resolve_device
 from ks_bridge.resident import _fingerprint, _keep_inputs_pristine, _same_data, _with_scalars
-from ks_bridge.rounding import FP64_CHECK_MAX_S, measure_default_precision, measure_rounding
-from ks_bridge.signature import input_specs, make_signature, output_specs, parameter_specs
+from ks_bridge.rounding import measure_default_precision
+from ks_bridge.signature import _dtype_name, input_specs, make_signature, output_specs, parameter_specs
+from ks_bridge.truth import compute_truth, ill_conditioned_note, rounding_notes
 
 
 def _host_array(t):
@@ -33,6 +39,34 @@ def store_tensor(t, path):
     digest = hashlib.sha1(arr.reshape(-1).view("uint8")).hexdigest() if arr.size else hashlib.sha1().hexdigest()
     del arr
     return digest
+
+
+def _store_named(named, set_dir, index, files):
+    """Writes a set's (name, tensor) pairs to set_dir and names them in files;
+    a tensor named twice (a precision level's bounds that are highest's) is
+    written once, both names pointing to its file."""
+    written = {}
+    for name, t in named:
+        if id(t) not in written:
+            written[id(t)] = "set%d/%s.bin" % (index, name)
+            store_tensor(t, os.path.join(set_dir, name + ".bin"))
+        files[name] = written[id(t)]
+
+
+def _export_named(resident, named):
+    """{name: CUDA IPC entry} of a set's (name, tensor) pairs, a tensor named twice exported once."""
+    exported, out = {}, {}
+    for name, t in named:
+        if id(t) not in exported:
+            exported[id(t)] = resident.export(t)
+        out[name] = exported[id(t)]
+    return out
+
+
+def _copies(inputs):
+    """forward's arguments with every tensor copied."""
+    import torch
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
 
 
 def _fits_for_timing(kept_bytes, new_bytes, device):
@@ -91,6 +125,7 @@ class _ReferenceRun:
         self.manifest_sets = []
         self.input_hashes, self.output_hashes = [], []
         self.input_prints = []  # resident: fingerprints of each set's tensor inputs before forward
+        self.bounds_kept = []  # resident: each set's [(output@level, bounds tensor)]
         self.timing_sets, self.kept_bytes = [], 0
         self.base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
         self.transform_info, self.t_kept = [], []
@@ -161,6 +196,11 @@ class _ReferenceRun:
             os.makedirs(set_dir, exist_ok=True)
         files = dict(self.files_params)
         self._keep_inputs(i, specs, inputs, set_dir, files)
+        # The float64 truth and the lower precision levels run on these inputs
+        # again: copies made before forward (which may change them in place)
+        # cost less than get_inputs() once more. A resident (multi-GB) set
+        # makes them again instead.
+        pristine = _copies(inputs) if self.resident is None else None
         self.phase("writing files")
 
         _restore_state(self.model, self.snapshot)
@@ -172,10 +212,14 @@ class _ReferenceRun:
         self.phase("forward")
         if i == 0:
             peak_forward = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else 0
-            self._check_first_set(set_seed, inputs, outputs, peak_forward)
-        self._keep_outputs(i, set_seed, outputs, set_dir, files)
+            truth = self._check_first_set(set_seed, inputs, outputs, peak_forward, pristine)
+        else:
+            truth = self._truth(i, set_seed, outputs, inputs, pristine)
+        del pristine
+        self._keep_outputs(i, set_seed, outputs, truth, set_dir, files)
         del outputs
-        self.manifest_sets.append({"seed": set_seed, "files": files})
+        self.manifest_sets.append(dict({"seed": set_seed, "files": files}, **truth.manifest_fields()))
+        truth.release()
         if self.resident is not None:
             _keep_inputs_pristine(problem, specs, self.input_hashes, self.input_prints, i, set_seed, device)
             self.phase("input fingerprints")
@@ -208,28 +252,43 @@ class _ReferenceRun:
         self.input_hashes.append(hashes)
         self.input_prints.append(prints)
 
-    def _check_first_set(self, set_seed, inputs, outputs, peak_forward):
-        """Input set 0 only: determinism, PyTorch's float32 rounding (float64
-        run) and the distance of its default precision (TF32)."""
+    def _check_first_set(self, set_seed, inputs, outputs, peak_forward, pristine):
+        """Input set 0 only: determinism, its truth, whose float32 outputs give
+        PyTorch's float32 rounding (Signature::reference_error), and the
+        distance of PyTorch's default precision (TF32). Returns the truth."""
         problem, model, device = self.problem, self.model, self.device
         self.peak_forward = peak_forward
         self.forward_s = check_deterministic(problem, model, self.snapshot, set_seed, device, outputs)
         self.phase("determinism check")
-        _restore_state(model, self.snapshot)
-        self.rounding, note = measure_rounding(problem, model, set_seed, device, outputs, inputs, self.forward_s,
-                                               peak_forward)
-        if note:
+        truth = self._truth(0, set_seed, outputs, inputs, pristine)
+        self.rounding = truth.rounding({name: _dtype_name(t) for name, t in outputs})
+        for note in rounding_notes(self.rounding):
             self.notes.add_plain(note)
-        self.phase("float64 rounding check")
         self.default_error, note = measure_default_precision(problem, model, self.snapshot, set_seed, device,
                                                              outputs, self.tf32_defaults)
         if note:
             self.notes.add_plain(note)
         self.phase("PyTorch's default precision (TF32) check")
+        return truth
 
-    def _keep_outputs(self, i, set_seed, outputs, set_dir, files):
-        """Set i's outputs: the same specs as set 0's, checked for degeneracy,
-        written with their digests or kept."""
+    def _truth(self, i, set_seed, outputs, inputs, pristine):
+        """Input set i's truth (truth.compute_truth) from the pre-forward state,
+        on copies of `pristine` (None: get_inputs() again); why float64 could
+        not make it is a note (once, naming the sets)."""
+        model, snapshot = self.model, self.snapshot
+        truth = compute_truth(self.problem, model, set_seed, self.device, outputs, inputs, self.forward_s,
+                              self.peak_forward, prepare=lambda: _restore_state(model, snapshot),
+                              make_inputs=None if pristine is None else lambda: _copies(pristine))
+        _restore_state(model, snapshot)
+        if truth.note:
+            self.notes.add(("truth", truth.note.split(" (")[0]), truth.note, i)
+        self.phase("float64 truth")
+        return truth
+
+    def _keep_outputs(self, i, set_seed, outputs, truth, set_dir, files):
+        """Set i's outputs: the same specs as set 0's, PyTorch's checked for
+        degeneracy; their truth (or PyTorch's, where float64 made none) and
+        the bounds written with their digests, or kept."""
         problem = self.problem
         ospecs = output_specs(problem, outputs)
         if self.sig_outputs is None:
@@ -237,7 +296,7 @@ class _ReferenceRun:
         elif ospecs != self.sig_outputs:
             raise problem.fail("inputs_vary", "forward() returns different output shapes or dtypes for seeds "
                                "%d and %d" % (self.seed + 1, set_seed))
-        ohashes = []
+        ohashes, bounds = [], []
         for (name, t), spec in zip(outputs, ospecs):
             atol, rtol = _tolerance_for(problem, spec["dtype"], self.rounding.get(name))
             st = output_stats(t, atol, rtol)
@@ -247,13 +306,19 @@ class _ReferenceRun:
                 self.warnings.add((name, key), msg, i)
             for key, msg in near_degenerate_notes(name, st):
                 self.notes.add((name, key), msg, i)
+            ref = truth.reference(name, t)
+            bounds += truth.bound_tensors(name)
             if self.resident is not None:
-                ohashes.append(t.detach().contiguous())
+                ohashes.append(ref.detach().contiguous())
                 continue
             path = os.path.join(set_dir, name + ".bin") if set_dir else None
-            ohashes.append(store_tensor(t, path))
+            ohashes.append(store_tensor(ref, path))
             if path:
                 files[name] = "set%d/%s.bin" % (i, name)
+        if self.resident is not None:
+            self.bounds_kept.append(bounds)
+        elif set_dir:
+            _store_named(bounds, set_dir, i, files)
         self.output_hashes.append(ohashes)
         self.phase("writing files")  # with the degenerate-output statistics
 
@@ -350,15 +415,15 @@ class _ReferenceRun:
                 ipc[name] = resident.export(t)
             for spec, t in zip(self.sig_outputs, self.output_hashes[i]):
                 ipc[spec["name"]] = resident.export(t)
+            ipc.update(_export_named(resident, self.bounds_kept[i]))
             entry["ipc"] = ipc
         for entry, (t_inputs, t_outputs) in zip(self.manifest_sets[sets:], self.t_kept):
             ipc = dict(self.ipc_params)
             for name, t in t_inputs.items():
                 ipc[name] = resident.export(t)
-            for name, t in t_outputs.items():
-                ipc[name] = resident.export(t)
+            ipc.update(_export_named(resident, t_outputs.items()))
             entry["ipc"] = ipc
-        self.input_hashes = self.output_hashes = self.t_kept = None
+        self.input_hashes = self.output_hashes = self.t_kept = self.bounds_kept = None
         self.phase("export (CUDA IPC)")
 
     def manifest(self, degenerate):
@@ -447,14 +512,17 @@ def _keep_shifted_inputs(tensor_specs, inputs, resident, set_dir, index, files):
 
 def _keep_shifted_tensors(named, keep, resident, set_dir, index, files):
     """A shifted set's (name, tensor) pairs: written (files[name] set), or,
-    resident, kept as keep(tensor). Returns {name: kept tensor}."""
-    kept = {}
+    resident, kept as keep(tensor). Returns {name: kept tensor}; a tensor
+    named twice is written, or kept, once."""
+    if resident is None:
+        if set_dir:
+            _store_named(named, set_dir, index, files)
+        return {}
+    kept, by_id = {}, {}
     for name, t in named:
-        if resident is not None:
-            kept[name] = keep(t)
-        elif set_dir:
-            store_tensor(t, os.path.join(set_dir, name + ".bin"))
-            files[name] = "set%d/%s.bin" % (index, name)
+        if id(t) not in by_id:
+            by_id[id(t)] = keep(t)
+        kept[name] = by_id[id(t)]
     return kept
 
 
@@ -463,15 +531,18 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
     """The distribution-shifted input sets (transforms.py), appended to
     manifest_sets after the K get_inputs() sets: at most `room` of them (None:
     not asked for, as by `check`), each input set 0 transformed, with
-    PyTorch's output on it as its reference; files in out_dir, or kept on the
-    GPU (resident: exported by the caller). Returns (info, kept): info has
-    one entry per transform, {"name", "set": its index or None, "note": what
-    it does, or why it has no set, and "reference_error": PyTorch's own float32
-    rounding on that set, as measure_rounding measures set 0's, where it was
-    measured}; kept, per set made (resident only), the ({input name: tensor},
-    {output name: tensor}) to export. The float64 runs of all shifted sets
-    together stay within one $KS_FP64_CHECK_MAX_S."""
-    import time
+    its float64 truth as its reference (PyTorch's output where float64 did
+    not run) and the bounds of PyTorch's error (truth.py); files in out_dir,
+    or kept on the GPU (resident: exported by the caller). Returns (info,
+    kept): info has one entry per transform, {"name", "set": its index or
+    None, "note": what it does, or why it has no set, and "reference_error":
+    PyTorch's own float32 rounding on that set, as set 0's, where float64
+    ran}; kept, per set made (resident only), the ({input name: tensor},
+    {output name or output@level: tensor}) to export. A set where PyTorch's
+    own float32 result fails the element rule against float64 is kept (an
+    ill-conditioned input: judged against float64, with the bound PyTorch
+    needs there) and its note says so. Each set's float64 run has its own
+    $KS_FP64_CHECK_MAX_S."""
     import torch
     import transforms
     info, kept = [], []
@@ -491,9 +562,7 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
 
     no_floats = not any(spec["kind"] == "tensor" and spec["dtype"] in ("float32", "float16", "bfloat16", "float64")
                         for spec in sig_inputs)
-    # A shifted set rounds differently from set 0 (outliers dominate a variance,
-    # a scaled sum cancels otherwise): its own float64 run widens its tolerance.
-    fp64_left = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S))
+    dtype_of = {spec["name"]: spec["dtype"] for spec in sig_outputs}
     p_wanted = transforms.parameters_chosen(problem.module)
     p_names = transforms.transformable_parameters(model)
     for name in transforms.TRANSFORMS:
@@ -543,16 +612,18 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
             # The set's own parameters, as forward saw them.
             own = [(pname, v) for pname, v in model.state_dict().items() if pname in p_names]
             t_params = _keep_shifted_tensors(own, lambda v: v.detach().clone(), resident, set_dir, index, files)
-        rounding = {}
-        if fp64_left > 0:
-            t0 = time.monotonic()
-            _shifted_state(model, snapshot, name, set_seed, params_too)
-            rounding, _ = measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
-                                           make_inputs=lambda: fresh(name), max_s=fp64_left)
-            fp64_left -= time.monotonic() - t0
+        # A shifted set rounds differently from set 0 (outliers dominate a
+        # variance, a scaled sum cancels otherwise, a scaled logit picks another
+        # key): its own float64 truth, and PyTorch's error from it.
+        truth = compute_truth(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward,
+                              prepare=lambda: _shifted_state(model, snapshot, name, set_seed, params_too),
+                              make_inputs=lambda: fresh(name))
         _restore_state(model, snapshot)
-        t_outputs = _keep_shifted_tensors(outputs, lambda t: t.detach().contiguous(), resident, set_dir, index, files)
-        del outputs
+        named = [(oname, truth.reference(oname, t)) for oname, t in outputs]
+        for oname, _ in outputs:
+            named += truth.bound_tensors(oname)
+        t_outputs = _keep_shifted_tensors(named, lambda t: t.detach().contiguous(), resident, set_dir, index, files)
+        del outputs, named
         if resident is not None:
             # forward changed an input in place: the transform is deterministic, so make it again.
             if [_fingerprint(t) for t in t_inputs.values()] != prints:
@@ -560,14 +631,18 @@ def add_transformed_sets(problem, model, snapshot, sig_inputs, sig_outputs, seed
                 t_inputs = {spec["name"]: v.contiguous() for spec, v in zip(tensor_specs, again)}
             t_inputs.update(t_params)  # exported with the inputs, in place of the shared parameters
             kept.append((t_inputs, t_outputs))
-        entry = {"seed": set_seed, "files": files, "transform": name}
+        entry = dict({"seed": set_seed, "files": files, "transform": name}, **truth.manifest_fields())
         note = transforms.DESCRIPTIONS[name]
         if params_too:
             entry["parameters"] = list(p_names)
             note += "; the model's float32 parameters likewise (%s)" % ", ".join(p_names)
+        note += param_note
+        if truth.ill_conditioned():
+            note += "; " + ill_conditioned_note(truth.ill_conditioned())
         manifest_sets.append(entry)
-        info.append({"name": name, "set": index, "note": note + param_note, "reference_error": rounding,
+        info.append({"name": name, "set": index, "note": note, "reference_error": truth.rounding(dtype_of),
                      "parameters": list(p_names) if params_too else []})
+        truth.release()
     return info, kept
 
 

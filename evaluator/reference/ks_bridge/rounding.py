@@ -1,26 +1,22 @@
-"""The float64 checks: PyTorch's own float32 rounding on an input set (the
-same model in float64), which widens a float32 output's tolerance, and the
-distance of PyTorch's default precision (TF32) from the fp32 reference."""
+"""The float64 machinery (the same model and input set in float64, its
+time and memory budget: truth.py runs it on every set) and the distance of
+PyTorch's default precision (TF32) from the fp32 reference."""
 
 import math
-import os
 
-from ks_bridge.errors import BridgeError, CHUNK_ELEMENTS, _first_line, _human
+from ks_bridge.errors import BridgeError, CHUNK_ELEMENTS
+from ks_bridge.judge import MAX_ROUNDING_REL_NORM, ROUNDING_FACTOR  # noqa: F401 - re-exported
 from ks_bridge.problem_file import _restore_state, _seed_everything
 
 
 # PyTorch's own rounding error (the reference in float32 against the same model
-# run in float64, input set 0) widens a float32 output's tolerance: a candidate
-# may be at most ROUNDING_FACTOR times as inaccurate as PyTorch itself (a sum
-# over 8192 cancelling terms differs by ~1e-4 between two honest summation
-# orders). Beyond MAX_ROUNDING_REL_NORM the float64 run is not measuring
-# rounding (a data-dependent branch, a problem that needs its own TOLERANCE)
-# and nothing is widened. The same constants and rule as
-# Signature::ToleranceFor(const TensorSpec&) in evaluator/signature.cc.
-ROUNDING_FACTOR = 16.0
-
-
-MAX_ROUNDING_REL_NORM = 1e-3
+# run in float64) widens a float32 output's tolerance: a candidate may be at
+# most ROUNDING_FACTOR times as inaccurate as PyTorch itself (a sum over 8192
+# cancelling terms differs by ~1e-4 between two honest summation orders).
+# Beyond MAX_ROUNDING_REL_NORM the float64 run is not measuring rounding (a
+# data-dependent branch, a problem that needs its own TOLERANCE) and nothing is
+# widened. The constants are judge.py's, the rule Signature::ToleranceFor(const
+# TensorSpec&) in evaluator/signature.cc.
 
 
 # The float64 run is skipped when it would take longer than this (seconds;
@@ -44,13 +40,19 @@ def _float64_copy(model):
     return copy.deepcopy(model, memo)
 
 
+_SPEED_RATIO = {}  # device -> _float64_speed_ratio's answer, measured once per process
+
+
 def _float64_speed_ratio(device):
     """How many times longer float64 work takes than float32 here, at least 2
-    (twice the bytes): a 1024^3 matmul of each, timed after one warm-up."""
+    (twice the bytes): a 1024^3 matmul of each, timed after one warm-up (once
+    per device and process)."""
     import time
     import torch
     if device.type != "cuda":
         return 2.0
+    if str(device) in _SPEED_RATIO:
+        return _SPEED_RATIO[str(device)]
     times = []
     for dtype in (torch.float32, torch.float64):
         a = torch.ones(1024, 1024, device=device, dtype=dtype)
@@ -62,7 +64,8 @@ def _float64_speed_ratio(device):
         torch.cuda.synchronize(device)
         times.append(time.monotonic() - t0)
         del a
-    return max(2.0, times[1] / max(times[0], 1e-9))
+    _SPEED_RATIO[str(device)] = max(2.0, times[1] / max(times[0], 1e-9))
+    return _SPEED_RATIO[str(device)]
 
 
 def _float_bytes64(tensors):
@@ -104,72 +107,6 @@ def _forward_float64(problem, model, set_seed, device, make_inputs=None):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return problem._outputs(result)
-
-
-def measure_rounding(problem, model, set_seed, device, outputs, inputs, forward_s, peak_forward_bytes,
-                     make_inputs=None, max_s=None):
-    """PyTorch's own rounding error for each float32 output of one input set:
-    the same model and inputs in float64, compared with the float32 outputs.
-
-    `inputs` are the set's (for their sizes), `forward_s` the float32
-    forward's wall time and `peak_forward_bytes` what it allocated on the GPU.
-    Returns ({name: {"rms": RMS of ref32 - ref64, "rel_norm": ||ref32 -
-    ref64|| / ||ref64||}}, note): the note (or None) says why the run was
-    skipped or an output left out. Skipped when no output is float32, when
-    forward fails in float64 (an op without float64 support, a dtype check),
-    when it would take longer than FP64_CHECK_MAX_S (from the float32
-    forward's time and the device's float64 speed) or not fit in GPU memory.
-    Nothing of the float32 model or its outputs changes.
-    """
-    import torch
-    names = [name for name, t in outputs if t.dtype == torch.float32]
-    if not names:
-        return {}, None
-    what = "the float64 run that measures PyTorch's own float32 rounding"
-    keep = "float32 outputs keep the default tolerance"
-    limit = float(os.environ.get("KS_FP64_CHECK_MAX_S", FP64_CHECK_MAX_S)) if max_s is None else max_s
-    ratio = _float64_speed_ratio(device)
-    if forward_s * ratio > limit:
-        return {}, ("%s was skipped: it would take about %.1f s (float32 forward %.2f s, float64 %.0fx slower on "
-                    "this device; limit %.1f s, $KS_FP64_CHECK_MAX_S); %s"
-                    % (what, forward_s * ratio, forward_s, ratio, limit, keep))
-    # The float parameters and inputs again in float64, and forward's own allocations twice over.
-    need = _float_bytes64(list(model.parameters()) + list(model.buffers()) + list(inputs)) + 2 * peak_forward_bytes
-    fits, available = _float64_fits(need, device)
-    if not fits:
-        return {}, ("%s was skipped: it needs about %s of GPU memory and %s is available; %s"
-                    % (what, _human(need), _human(available), keep))
-    oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
-    errors, left_out, note = {}, [], None
-    try:
-        result = _forward_float64(problem, model, set_seed, device, make_inputs)
-        if len(result) != len(outputs):
-            raise ValueError("forward returns %d outputs in float64, %d in float32" % (len(result), len(outputs)))
-        for (name, t32), (_, t64) in zip(outputs, result):
-            if name not in names:
-                continue
-            if t64.dtype != torch.float64 or t64.shape != t32.shape:
-                left_out.append(name)
-                continue
-            errors[name] = _rounding_error(t32, t64)
-        del result
-    except oom:
-        errors, note = {}, "%s ran out of GPU memory; %s" % (what, keep)
-    except Exception as e:  # noqa: BLE001 - any failure in float64 means "not measured"
-        errors, note = {}, "%s failed (%s: %s); %s" % (what, type(e).__name__, _first_line(e, 200), keep)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the float64 copies, before the next input sets
-    if left_out:
-        note = ("%s gave no float64 result of the same shape for %s (does forward cast to float32?); %s"
-                % (what, ", ".join("'%s'" % n for n in left_out), "it keeps the default tolerance"
-                   if len(left_out) == 1 else "they keep the default tolerance"))
-    for name, e in errors.items():
-        if e["rel_norm"] > MAX_ROUNDING_REL_NORM:
-            extra = ("output '%s': the float32 and float64 references differ by %.3g (relative norm), more than "
-                     "float32 rounding explains (%g): its tolerance is not widened (a problem this ill-conditioned "
-                     "needs a TOLERANCE of its own)" % (name, e["rel_norm"], MAX_ROUNDING_REL_NORM))
-            note = extra if note is None else note + "; " + extra
-    return errors, note
 
 
 def measure_default_precision(problem, model, snapshot, set_seed, device, outputs, tf32_defaults):

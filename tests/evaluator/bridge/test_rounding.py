@@ -122,7 +122,7 @@ def test_reference_manifest_carries_it(tmp_path):
     manifest = bridge.run_reference(load("cancelling_sum.py"), str(tmp_path), 2, 42, "cpu", False)
     err = manifest["signature"]["reference_error"]["out"]
     assert err["rms"] > 0 and 0 < err["rel_norm"] < bridge.MAX_ROUNDING_REL_NORM
-    assert "float64 rounding check" in dict(manifest["phases"])
+    assert "float64 truth" in dict(manifest["phases"])
 
 
 def test_compile_helper_that_cannot_compile_says_why_and_the_reference_times_itself():
