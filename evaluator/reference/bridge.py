@@ -13,7 +13,12 @@ problem prints goes to stderr so it cannot corrupt that object):
       evaluator/signature.cc reads.
   reference PROBLEM.py --out DIR --sets K --seed S [--device D] [--time]
       reference inputs, parameters and outputs as raw little-endian bytes, and
-      DIR/manifest.json (written last, atomically); prints the manifest.
+      DIR/manifest.json (written last, atomically); prints the manifest. A
+      set's floating output holds the model's float64 result in the output's
+      dtype (its "truth"; PyTorch's own output where float64 could not run),
+      and "<output>@<level>" (level highest, high, medium) the float32
+      per-block bounds of PyTorch's own error at that precision
+      (ks_bridge/truth.py, judge.py).
   reference PROBLEM.py --resident --sets K --seed S --device cuda [--time]
       the same data kept on the GPU in this process, not written anywhere: the
       manifest's sets name each tensor's CUDA IPC handle, offset and size, for

@@ -12,11 +12,15 @@ float32 parameters (nn.Parameter, not buffers such as running statistics) by
 the same transform; integer and bool inputs, scalars, buffers and half
 precision parameters stay as they are. The set carries its own copy of the
 parameters it changed (the evaluator gives that set its own parameter
-buffers). The reference of each is PyTorch's own output on the transformed
-inputs and parameters. Where that output is not finite, or forward raises,
-with the parameters transformed, the set is made again with the inputs alone
-(parameters kept, with a note); where it still is not finite where set 0's
-was (the operator's domain: log of a negated input), or forward raises
+buffers). The reference of each is the model's float64 output on the
+transformed inputs and parameters (ks_bridge/truth.py), PyTorch's own float32
+output where float64 cannot run; a set where PyTorch's float32 output is
+itself wrong (attention logits scaled by 1e5: a different key wins the
+softmax) is kept, judged against float64 with the per-block bound PyTorch
+needs there, and its note says so. Where PyTorch's output is not finite, or
+forward raises, with the parameters transformed, the set is made again with
+the inputs alone (parameters kept, with a note); where it still is not finite
+where set 0's was (the operator's domain: log of a negated input), or forward raises
 (binary_cross_entropy of inputs above 1), the transform is dropped for that
 problem, with a note. A candidate that fails one of these sets but passes
 every get_inputs() set is still correct, and marked specialised with the first

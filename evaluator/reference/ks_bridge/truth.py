@@ -282,8 +282,8 @@ def _free(device):
 
 def ill_conditioned_note(count):
     """The note of a shifted set where PyTorch's own float32 result fails the element rule against float64."""
-    return ("PyTorch's own float32 result differs from float64 on %d elements: ill-conditioned; judged against "
-            "float64 with the bound PyTorch itself needs there" % count)
+    return ("PyTorch's own float32 result differs from float64 on %d element%s: ill-conditioned; judged against "
+            "float64 with the bound PyTorch itself needs there" % (count, "" if count == 1 else "s"))
 
 
 def rounding_notes(errors):

@@ -146,6 +146,15 @@ def test_float64_skipped_when_over_the_time_budget(tmp_path, monkeypatch):
     assert len([n for n in m["notes"] if "skipped" in n]) == 1  # once for both judging sets
 
 
+def test_forward_without_float64_support_keeps_pytorchs_output_with_a_note(tmp_path):
+    fixture = ROOT / "tests" / "evaluator" / "fixtures" / "float32_only.py"
+    m = bridge.run_reference(bridge.Problem(str(fixture)).load(), str(tmp_path / "ref"), 1, 42, "cpu", False,
+                             transform_room=0)
+    s = m["sets"][0]
+    assert s["truth"] == "float32" and "failed (TypeError: float32 only)" in s["truth_note"]
+    assert s["pytorch_error"] == {} and not [k for k in s["files"] if "@" in k]
+
+
 def test_compare_handles_non_finite_elements_and_a_partial_block():
     pt = torch.tensor([math.inf, math.nan, 1.0, math.inf, 2.0] + [0.0] * 300, dtype=torch.float32)
     t64 = torch.tensor([1.0, math.nan, 1.0, math.inf, 2.5] + [0.0] * 299 + [1e-3], dtype=torch.float64)
