@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/status.h"
+#include "evaluator/judge/judge.h"
 
 namespace ks::cli {
 

@@ -19,6 +19,13 @@
 namespace ks::cli {
 namespace {
 
+// The precision contract a search's speedups are under (evaluator/judge/judge.h).
+std::string ContractOf(const std::string& config_json) {
+  auto c = nlohmann::json::parse(config_json, nullptr, false);
+  std::string p = c.is_object() ? c.value("precision", std::string()) : std::string();
+  return CanonicalContract(p.empty() ? "highest" : p);
+}
+
 using store::CandidateRow;
 
 // KS_ASSIGN_OR_RETURN for command bodies: an error becomes the exit code.
@@ -107,6 +114,7 @@ int History(const BrowseFlags& f) {
                      {"candidates", s.candidates}, {"evaluated", s.evaluated},
                      {"correct", s.correct},
                      {"best_speedup", s.best_speedup_eager ? nlohmann::json(*s.best_speedup_eager) : nlohmann::json()},
+                     {"precision", ContractOf(s.search.config_json)},
                      {"best_candidate", s.search.best_candidate ? nlohmann::json(*s.search.best_candidate)
                                                                 : nlohmann::json()},
                      {"llm_calls", s.spend.calls}, {"failed_llm_calls", s.failed_calls},
@@ -121,13 +129,14 @@ int History(const BrowseFlags& f) {
     std::printf("%s\n", arr.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("%-6s %-22s %-10s %6s %6s %7s %8s %6s %6s %8s  %s\n", "search", "problem", "status", "rounds",
-              "cands", "correct", "best", "calls", "failed", "cost", "created");
+  std::printf("%-6s %-22s %-10s %6s %6s %7s %8s %-11s %6s %6s %8s  %s\n", "search", "problem", "status", "rounds",
+              "cands", "correct", "best", "contract", "calls", "failed", "cost", "created");
   for (const auto& s : all) {
-    std::printf("%-6lld %-22s %-10s %6s %6lld %7lld %8s %6lld %6lld %8s  %s\n", static_cast<long long>(s.search.id),
+    std::printf("%-6lld %-22s %-10s %6s %6lld %7lld %8s %-11s %6lld %6lld %8s  %s\n", static_cast<long long>(s.search.id),
                 s.problem_name.c_str(), store::SearchStatusName(s.search.status), RoundsText(s).c_str(),
                 static_cast<long long>(s.candidates), static_cast<long long>(s.correct),
-                Opt(s.best_speedup_eager, "{:.2f}x").c_str(), static_cast<long long>(s.spend.calls),
+                Opt(s.best_speedup_eager, "{:.2f}x").c_str(), ContractOf(s.search.config_json).c_str(),
+                static_cast<long long>(s.spend.calls),
                 static_cast<long long>(s.failed_calls), fmt::format("${:.2f}", s.spend.cost_usd).c_str(),
                 s.search.created.c_str());
     // The reason a search found nothing is usually the model's error: say it here.
@@ -172,10 +181,12 @@ int ShowCandidate(store::LineageStore* store, const CandidateRow& c, bool json) 
     std::printf("status:  %s%s\n", EvalStatusName(c.evaluation->status),
                 c.evaluation->reused_from ? fmt::format(" (same kernel as {})", *c.evaluation->reused_from).c_str()
                                           : "");
-    std::printf("time:    %s ms   speedup: %s eager, %s torch.compile\n",
-                Opt(c.evaluation->median_ms, "{:.4f}").c_str(), Opt(c.evaluation->speedup_eager, "{:.2f}x").c_str(),
-                Opt(c.evaluation->speedup_compile, "{:.2f}x").c_str());
     auto e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+    const std::string stored = e.is_object() ? e.value("precision", std::string()) : std::string();
+    std::printf("time:    %s ms   speedup: %s eager, %s torch.compile   (precision contract %s)\n",
+                Opt(c.evaluation->median_ms, "{:.4f}").c_str(), Opt(c.evaluation->speedup_eager, "{:.2f}x").c_str(),
+                Opt(c.evaluation->speedup_compile, "{:.2f}x").c_str(),
+                CanonicalContract(stored.empty() ? "highest" : stored).c_str());
     if (e.is_object() && !e.value("message", std::string()).empty())
       std::printf("message: %s\n", e.value("message", std::string()).c_str());
     if (e.is_object() && e.contains("robustness")) PrintRobustness(RobustnessFromJson(e["robustness"]));

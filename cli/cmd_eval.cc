@@ -36,7 +36,7 @@ struct EvalArgs {
   bool keep_privileges = false;
   double run_timeout_s = 0;
   std::string timing = "adaptive";  // --timing: adaptive | full (GpuEvaluatorOptions::timing)
-  std::string precision = "fp32";   // --precision: fp32 | tf32 (GpuEvaluatorOptions::precision)
+  std::string precision = "highest";  // --precision (GpuEvaluatorOptions::precision, evaluator/judge/judge.h)
   CacheFlags cache;
   bool verbose = false;
   bool profile = false;      // --profile: hardware counters of each correct candidate (ncu)
@@ -387,11 +387,7 @@ void RegisterEvalCommand(CLI::App& app) {
                   "its own and the full planned count of timed runs (the method before adaptive timing)")
       ->capture_default_str()
       ->check(CLI::IsMember({"adaptive", "full"}));
-  sub->add_option("--precision", a->precision,
-                  "the accuracy a candidate is held to: fp32 (exact to fp32, the reference computed with TF32 off; "
-                  "default) or tf32 (where PyTorch's defaults compute in TF32, as its cuDNN convolutions do, the "
-                  "tolerance widens to twice PyTorch's own TF32 error; every result says which)")
-      ->check(CLI::IsMember({"fp32", "tf32"}));
+  sub->add_option("--precision", a->precision, kPrecisionHelp)->check(CLI::IsMember(ContractNames()));
   AddPythonOption(sub, &a->python);
   AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");

@@ -216,9 +216,7 @@ void RegisterRemoteCommands(CLI::App& app) {
     sub->add_option("--require", f->require,
                     "robust: kernels that a distribution-shifted input set breaks (specialised) count as incorrect")
         ->check(CLI::IsMember({"robust"}));
-    sub->add_option("--precision", f->precision,
-                    "The accuracy contract: fp32 (default) or tf32 (the tolerance PyTorch's TF32 defaults give)")
-        ->check(CLI::IsMember({"fp32", "tf32"}));
+    sub->add_option("--precision", f->precision, kPrecisionHelp)->check(CLI::IsMember(ContractNames()));
     sub->add_option("--implement", f->implement, "oneshot (default) or agent (compile/test tools per idea)");
     sub->add_option("--agent-turns", f->agent_turns, "Agent: model turns per implementation (0: server default)");
     sub->add_option("--agent-tool-calls", f->agent_tool_calls, "Agent: tool calls per implementation (0: server default)");

@@ -52,7 +52,7 @@ struct SearchFlags {
   bool allow_degenerate = false;
   bool no_bank = false;
   std::string require;  // --require robust
-  std::string precision = "fp32";  // --precision fp32 | tf32 (GpuEvaluatorOptions::precision)
+  std::string precision = "highest";  // --precision (GpuEvaluatorOptions::precision, evaluator/judge/judge.h)
   std::string implement;           // --implement oneshot | agent (search/agent.h)
   int agent_turns = 0, agent_tool_calls = 0;
   int64_t agent_tokens = 0;
@@ -555,10 +555,7 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--require", f->require,
                   "robust: a kernel that only holds for get_inputs()'s distribution (specialised) counts as incorrect")
       ->check(CLI::IsMember({"robust"}));
-  sub->add_option("--precision", f->precision,
-                  "the accuracy candidates are held to: fp32 (default) or tf32 (PyTorch's default TF32 error allowed "
-                  "where its defaults use TF32, as cuDNN convolutions do)")
-      ->check(CLI::IsMember({"fp32", "tf32"}));
+  sub->add_option("--precision", f->precision, kPrecisionHelp)->check(CLI::IsMember(ContractNames()));
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
   AddGpusOption(sub, &f->gpus);

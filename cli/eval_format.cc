@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "evaluator/judge/judge.h"
 #include "evaluator/launch_profile.h"
 #include "evaluator/roofline.h"
 
@@ -54,8 +55,10 @@ void PrintEvaluation(const Evaluation& e) {
     if (e.speedup_eager_fp32) std::printf("  -> speedup %.2fx", *e.speedup_eager_fp32);
     std::printf("  (PyTorch eager with TF32 off)\n");
   }
+  if (e.speedup_best) std::printf("best:     speedup %.2fx against the faster of eager and torch.compile\n", *e.speedup_best);
   if (!e.precision.empty())
-    std::printf("precision: held to %s; speedups above are against %s\n", e.precision.c_str(), e.baseline.c_str());
+    std::printf("precision: contract %s (the speedups above are under it); %s\n",
+                CanonicalContract(e.precision).c_str(), e.baseline.c_str());
   if (e.roofline) {
     const auto& r = *e.roofline;
     std::printf("roofline: %.3g MB must move, %.0f GB/s achieved", r.bytes / 1e6, r.achieved_gbps);
@@ -119,7 +122,8 @@ void PrintEvaluation(const Evaluation& e) {
 }
 
 void PrintBatchHeader() {
-  std::printf("%-32s %-22s %12s %9s %9s  %s\n", "candidate", "status", "median", "vs eager", "vs comp.", "message");
+  std::printf("%-32s %-22s %12s %9s %9s %-11s  %s\n", "candidate", "status", "median", "vs eager", "vs comp.",
+              "contract", "message");
 }
 
 void PrintBatchRow(const std::string& name, const std::string& status, const Evaluation* e, const std::string& message) {
@@ -128,7 +132,9 @@ void PrintBatchRow(const std::string& name, const std::string& status, const Eva
   if (e && e->speedup_eager) std::snprintf(se, sizeof se, "%.2fx", *e->speedup_eager);
   if (e && e->speedup_compile) std::snprintf(sc, sizeof sc, "%.2fx", *e->speedup_compile);
   std::string msg = message.size() > 100 ? message.substr(0, 97) + "..." : message;
-  std::printf("%-32s %-22s %12s %9s %9s  %s\n", name.c_str(), status.c_str(), med.c_str(), se, sc, msg.c_str());
+  const std::string contract = e && !e->precision.empty() ? CanonicalContract(e->precision) : "-";
+  std::printf("%-32s %-22s %12s %9s %9s %-11s  %s\n", name.c_str(), status.c_str(), med.c_str(), se, sc,
+              contract.c_str(), msg.c_str());
 }
 
 }  // namespace ks::cli

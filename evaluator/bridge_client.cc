@@ -188,21 +188,24 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     set.seed = s.value("seed", uint64_t{0});
     if (!s.contains("ipc") || !s["ipc"].is_object()) return InvalidArgument(where + ": a set has no 'ipc'");
     std::map<std::string, ResidentTensor> tensors;
+    std::map<std::string, ResidentTensor> bounds;  // out@level: not part of CheckSetComplete
     for (const auto& [name, loc] : s["ipc"].items()) {
-      const TensorSpec* spec = d.signature.Find(name);
-      if (!spec || spec->is_scalar) return InvalidArgument(where + ": '" + name + "' is not a tensor of the signature");
+      auto key = SetTensorKey(d.signature, name);
+      if (!key.ok()) return key.status().WithContext(where);
       ResidentTensor t;
       auto handle = Base64Decode(loc.value("handle", ""));
       if (!handle.ok()) return handle.status().WithContext(where);
       t.handle = *handle;
       t.offset = loc.value("offset", uint64_t{0});
       t.bytes = loc.value("bytes", uint64_t{0});
-      if (static_cast<int64_t>(t.bytes) != spec->bytes() || (t.bytes > 0 && t.handle.size() != 64))
+      if (static_cast<int64_t>(t.bytes) != key->second || (t.bytes > 0 && t.handle.size() != 64))
         return InvalidArgument(where + ": '" + name + "' has " + std::to_string(t.bytes) + " bytes, expected " +
-                               std::to_string(spec->bytes()));
-      tensors[name] = std::move(t);
+                               std::to_string(key->second));
+      (name.find('@') == std::string::npos ? tensors : bounds)[name] = std::move(t);
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, where));
+    tensors.merge(bounds);
+    ReadSetJudging(s, &set);
     set.transform = s.value("transform", "");
     set.own_parameters = StringList(s, "parameters");
     KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, where));

@@ -90,6 +90,12 @@ std::vector<std::string> StringList(const nlohmann::json& j, const char* key);
 // A set's own parameters must be parameters of the signature, each once, and
 // only a shifted set has them: the judging sets share one copy.
 Status CheckOwnParameters(const Signature& sig, const ReferenceSet& set, const std::string& where);
+// A set's tensor key: a tensor of the signature, or an output's bound array
+// ("out@highest", judge.h BoundKey). Its spec, and the bytes it must have; or why not.
+StatusOr<std::pair<const TensorSpec*, int64_t>> SetTensorKey(const Signature& sig, const std::string& key);
+// The float64 truth of a set and PyTorch's own error there (issue 36), from
+// the manifest's set entry: truth, truth_note, pytorch_error.
+void ReadSetJudging(const nlohmann::json& s, ReferenceSet* set);
 
 // Every tensor of the signature must be present in a set, or a consumer would
 // fail later, far from the cause.

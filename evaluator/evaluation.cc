@@ -82,6 +82,7 @@ json EvaluationToJson(const Evaluation& e) {
   j["compiled"] = e.compiled ? TimingToJson(*e.compiled) : json(nullptr);
   j["speedup_eager"] = Opt(e.speedup_eager);
   j["speedup_compile"] = Opt(e.speedup_compile);
+  if (e.speedup_best) j["speedup_best"] = *e.speedup_best;
   if (e.roofline) {
     const auto& r = *e.roofline;
     j["roofline"] = {{"bytes", r.bytes}, {"flops", r.flops}, {"achieved_gbps", r.achieved_gbps},
@@ -208,6 +209,7 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
   if (const json* f = FieldIf(j, "compiled", &json::is_object)) e.compiled = TimingFromJson(*f);
   if (const json* f = FieldIf(j, "speedup_eager", &json::is_number)) e.speedup_eager = f->get<double>();
   if (const json* f = FieldIf(j, "speedup_compile", &json::is_number)) e.speedup_compile = f->get<double>();
+  if (const json* f = FieldIf(j, "speedup_best", &json::is_number)) e.speedup_best = f->get<double>();
   if (const json* f = FieldIf(j, "roofline", &json::is_object)) {
     const json& r = *f;
     Roofline& rf = e.roofline.emplace();

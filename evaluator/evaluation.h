@@ -138,6 +138,9 @@ struct Evaluation {
   std::optional<TimingStats> compiled;  // torch.compile, same method
   std::optional<double> speedup_eager;
   std::optional<double> speedup_compile;
+  // Against the faster of eager and torch.compile (KernelBench-v3's figure;
+  // the kernelbench contract's headline speedup).
+  std::optional<double> speedup_best;
   std::optional<Roofline> roofline;
   // Each launch of the plan on its own (correct candidates on a GPU); empty
   // where not measured (evaluations stored before these existed, fakes).

@@ -97,7 +97,57 @@ Status GpuEvaluator::FillTensor(int set, const std::string& name, CUdeviceptr ds
   return LoadTensor(path, dst, bytes);
 }
 
+StatusOr<std::vector<float>> GpuEvaluator::ReadBound(int set, const std::string& key, int64_t blocks) {
+  std::vector<float> v(static_cast<size_t>(blocks));
+  const uint64_t bytes = static_cast<uint64_t>(blocks) * 4;
+  if (ref_.resident) {
+    KS_ASSIGN_OR_RETURN(CUdeviceptr src, ResidentTensorPtr(set, key, bytes));
+    if (bytes) KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(v.data(), src, bytes), "cuMemcpyDtoH"));
+    return v;
+  }
+  KS_ASSIGN_OR_RETURN(std::string path, ref_.FilePath(set, key));
+  KS_ASSIGN_OR_RETURN(std::string data, ReadFile(path, bytes + 1));
+  if (data.size() != bytes) return InvalidArgument(path + ": a bound array of the wrong size");
+  std::memcpy(v.data(), data.data(), bytes);
+  return v;
+}
+
+Status GpuEvaluator::LoadBounds() {
+  const std::string level = ContractLevel(contract_);
+  for (auto& o : outputs_) {
+    o.bounds.clear();
+    o.bounds.resize(ref_.sets.size());
+    if (!IsFloating(o.spec->dtype)) continue;
+    const int64_t blocks = (o.spec->numel() + kBoundBlock - 1) / kBoundBlock;
+    for (size_t s = 0; s < ref_.sets.size(); ++s) {
+      const ReferenceSet& rs = ref_.sets[s];
+      const std::string highest_key = BoundKey(o.spec->name, "highest");
+      if (rs.truth != "float64" || (!ref_.resident && !rs.files.count(highest_key))) continue;
+      auto highest = ReadBound(static_cast<int>(s), highest_key, blocks);
+      if (!highest.ok()) {
+        if (ref_.resident) continue;  // a resident set without bounds: judged as a float32 truth would be
+        return highest.status();
+      }
+      std::vector<float> at_level;
+      if (level != "highest") {
+        const std::string key = BoundKey(o.spec->name, level);
+        if (ref_.resident || rs.files.count(key)) {
+          auto l = ReadBound(static_cast<int>(s), key, blocks);
+          if (l.ok()) at_level = std::move(*l);
+        }
+      }
+      std::vector<float> combined = CombineBounds(contract_, *highest, at_level);
+      KS_ASSIGN_OR_RETURN(o.bounds[s], DeviceBuffer::Alloc(std::max<size_t>(combined.size() * 4, 4)));
+      if (!combined.empty())
+        KS_RETURN_IF_ERROR(
+            d_->Check(d_->cuMemcpyHtoD(o.bounds[s].get(), combined.data(), combined.size() * 4), "cuMemcpyHtoD"));
+    }
+  }
+  return Status::Ok();
+}
+
 Status GpuEvaluator::Setup() {
+  KS_ASSIGN_OR_RETURN(contract_, ParseContract(opts_.precision));
   KS_ASSIGN_OR_RETURN(d_, CudaDriver::Get());
   KS_ASSIGN_OR_RETURN(ctx_, PrimaryContext::Open(opts_.device));
   KS_ASSIGN_OR_RETURN(info_, QueryDevice(ctx_.device()));
@@ -122,7 +172,14 @@ Status GpuEvaluator::Setup() {
   const Signature& sig = ref_.signature;
   const int sets = static_cast<int>(ref_.sets.size());
   if (sets == 0) return InvalidArgument("reference has no input sets");
-  // Arena layout: [guard][set 0 inputs]...[set K-1 inputs][parameters][out0][guard][out1][guard]...
+  // Two layouts. The pristine copy (trusted memory, never mapped by the
+  // worker) holds every input set: [guard][set 0 inputs]...[set K-1
+  // inputs][parameters][shifted sets' own parameters]. The arena the worker
+  // maps holds one set at a time, staged before each run (StageSet):
+  // [guard][inputs][parameters][out0][guard][out1][guard]... up to the end of
+  // its last page. A kernel sees no other input set, so it cannot relate a
+  // shifted set to the set it was made from, nor tell the sets apart by
+  // their addresses.
   uint64_t off = kGuard;
   set_inputs_.assign(sets, {});
   for (int s = 0; s < sets; ++s)
@@ -146,6 +203,19 @@ Status GpuEvaluator::Setup() {
         off = AlignUp(off + slot.bytes);
       }
   inputs_end_ = off;
+  // The arena: one set's inputs and the parameters, then the outputs.
+  off = kGuard;
+  work_inputs_ = set_inputs_[0];
+  for (auto& slot : work_inputs_) {
+    slot.offset = off;
+    off = AlignUp(off + slot.bytes);
+  }
+  work_params_ = params_;
+  for (auto& slot : work_params_) {
+    slot.offset = off;
+    off = AlignUp(off + slot.bytes);
+  }
+  work_end_ = off;
   outputs_.clear();
   for (const auto& t : sig.outputs) {
     OutputSlot o;
@@ -159,22 +229,32 @@ Status GpuEvaluator::Setup() {
     off = o.guard_offset + o.guard_bytes;
     outputs_.push_back(std::move(o));
   }
-  KS_ASSIGN_OR_RETURN(arena_, DeviceBuffer::Alloc(off));
+  // The last guard runs to the end of the allocation's last page: the
+  // worker maps all of it, and slack nothing checks could keep state.
+  const uint64_t arena_bytes = (off + kArenaPage - 1) / kArenaPage * kArenaPage;
+  if (!outputs_.empty()) outputs_.back().guard_bytes += arena_bytes - off;
+  KS_ASSIGN_OR_RETURN(arena_, DeviceBuffer::Alloc(arena_bytes));
   KS_ASSIGN_OR_RETURN(pristine_, DeviceBuffer::Alloc(inputs_end_));
   KS_ASSIGN_OR_RETURN(stats_, DeviceBuffer::Alloc(sizeof(Stats)));
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), 0, off), "cuMemsetD8"));
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), 0, arena_bytes), "cuMemsetD8"));
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), kGuardByte, kGuard), "cuMemsetD8"));
+  if (outputs_.empty())  // no output to carry the tail guard: it follows the inputs
+    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + work_end_, kGuardByte, arena_bytes - work_end_), "cuMemsetD8"));
+  tail_guard_offset_ = work_end_;
+  tail_guard_bytes_ = outputs_.empty() ? arena_bytes - work_end_ : 0;
   for (const auto& o : outputs_)
     KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + o.guard_offset, kGuardByte, o.guard_bytes), "cuMemsetD8"));
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(pristine_.get(), 0, inputs_end_), "cuMemsetD8"));
   for (int s = 0; s < sets; ++s)
     for (const auto& slot : set_inputs_[s])
-      KS_RETURN_IF_ERROR(FillTensor(s, slot.name, arena_.get() + slot.offset, slot.bytes));
-  for (const auto& slot : params_) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, arena_.get() + slot.offset, slot.bytes));
+      KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
+  for (const auto& slot : params_) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, pristine_.get() + slot.offset, slot.bytes));
   for (int s = 0; s < sets; ++s)
     for (const auto& slot : set_params_[s])
       if (ref_.sets[s].OwnsParameter(slot.name))
-        KS_RETURN_IF_ERROR(FillTensor(s, slot.name, arena_.get() + slot.offset, slot.bytes));
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(pristine_.get(), arena_.get(), inputs_end_), "cuMemcpyDtoD"));
+        KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
+  staged_set_ = -1;
+  KS_RETURN_IF_ERROR(StageSet(0));
   for (auto& o : outputs_)
     for (int s = 0; s < sets; ++s) {
       if (ref_.resident) {
@@ -191,6 +271,7 @@ Status GpuEvaluator::Setup() {
       KS_ASSIGN_OR_RETURN(double ss, ReferenceSumSquares(o, s));
       o.ref_rms.push_back(o.spec->numel() > 0 ? std::sqrt(ss / o.spec->numel()) : 0);
     }
+  KS_RETURN_IF_ERROR(LoadBounds().WithContext("the reference's bound arrays"));
   CUipcMemHandle h;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
   ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
@@ -236,15 +317,32 @@ Status GpuEvaluator::MeasureBandwidth() {
 
 
 std::vector<uint64_t> GpuEvaluator::ArenaOffsets(const std::string& name) const {
-  std::vector<uint64_t> offs;
-  for (size_t s = 0; s < set_inputs_.size(); ++s) {
-    uint64_t off = 0;
-    for (const auto& slot : set_inputs_[s]) if (slot.name == name) off = slot.offset;
-    for (const auto& slot : set_params_[s]) if (slot.name == name) off = slot.offset;
-    for (const auto& o : outputs_) if (o.spec->name == name) off = o.offset;
-    offs.push_back(off);
-  }
-  return offs;
+  // One offset: every set is staged into the same place (StageSet).
+  uint64_t off = 0;
+  for (const auto& slot : work_inputs_) if (slot.name == name) off = slot.offset;
+  for (const auto& slot : work_params_) if (slot.name == name) off = slot.offset;
+  for (const auto& o : outputs_) if (o.spec->name == name) off = o.offset;
+  return {off};
+}
+
+Status GpuEvaluator::StageSet(int set) {
+  if (set < 0 || set >= static_cast<int>(set_inputs_.size())) return Internal("no input set " + std::to_string(set));
+  if (set == staged_set_) return Status::Ok();
+  for (size_t i = 0; i < work_inputs_.size(); ++i)
+    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(arena_.get() + work_inputs_[i].offset,
+                                                  pristine_.get() + set_inputs_[set][i].offset,
+                                                  AlignUp(work_inputs_[i].bytes)),
+                                 "staging an input set"));
+  for (size_t i = 0; i < work_params_.size(); ++i)
+    if (staged_set_ < 0 || set_params_[staged_set_][i].offset != set_params_[set][i].offset)
+      KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(arena_.get() + work_params_[i].offset,
+                                                    pristine_.get() + set_params_[set][i].offset,
+                                                    AlignUp(work_params_[i].bytes)),
+                                   "staging parameters"));
+  // The worker's launches run in another process: the copies end first.
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuCtxSynchronize(), "staging an input set"));
+  staged_set_ = set;
+  return Status::Ok();
 }
 
 wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {

@@ -22,48 +22,68 @@
 // unmarked: it stays correct, marked specialised (Evaluation::robustness).
 // Shifted sets are never warmed up on or timed.
 //
-// Every place a kernel can write, and how it is reset or verified between runs
-// (a run keeping state is how cached answers and call counters work):
-//  - outputs: poisoned (a NaN pattern) before each run; every element must be
-//    written, and must match the reference (element-wise, relative norm and
-//    large-error share, Tolerance in signature.h); repeated runs on one input
-//    set must agree bit for bit unless the kernel uses atomics;
-//  - alignment padding after each output: part of the guard region that
-//    follows it (filled with 0xCD), checked after every run;
-//  - guard before the first buffer: checked after every run;
-//  - inputs and parameters of the set in use (a shifted set's own parameter
-//    copies included), their padding included: compared
-//    with a pristine copy after every run, restored if changed; every input
-//    set after the candidate's last run (another set's buffers);
-//  - scratch: refilled with junk (NaN words, tail bytes included) before each
-//    run, its guards on both sides checked after (ks-worker);
-//  - __device__ / module-scope globals: restored before each run, and must
-//    hold their load-time values again after it (ks-worker);
+// No state survives between runs, by construction (issue 31): every run
+// starts from device state the candidate cannot have written. The module is
+// loaded afresh, every allocation it can reach is restored in full, local
+// and shared memory are scrubbed; so a memo has nowhere to live, keyed by
+// pointer or by input content alike. Every place a kernel can write, and how
+// it is reset or verified between runs:
+//  - module-scope state of every kind (__device__, __managed__, __constant__
+//    stores, .global variables declared in inline PTX): the module is
+//    unloaded and loaded again from its image before every run but the
+//    first (ks-worker Reload); globals the PTX lists must also hold their
+//    load-time values after each run (a candidate that writes one is told so);
+//  - the arena, which holds ONE input set at a time (StageSet: copied from
+//    the pristine copy in trusted memory, never mapped by the worker, at the
+//    same addresses for every set): no kernel can read another set, so none
+//    can relate a shifted set to the set it was made from, nor tell sets
+//    apart by address. Its pages are covered in full:
+//     - outputs: poisoned (a NaN pattern) before each run; every element must
+//       be written, and must match the reference (element-wise, relative norm
+//       and large-error share, Tolerance in signature.h); repeated runs on one
+//       input set must agree bit for bit unless the kernel uses atomics;
+//     - guards: before the first buffer, and after each output from its last
+//       byte (alignment padding included); the last one runs to the end of the
+//       arena's last 2 MiB page; checked after every run;
+//     - inputs and parameters of the staged set, padding included: compared
+//       with the pristine copy after every run, restored if changed;
+//  - scratch: allocations of whole 2 MiB pages, [guard][data][guard to the
+//    end]: data refilled with junk (NaN words) before each run, both guards
+//    checked after (ks-worker), so no slack past a guard keeps anything;
+//  - local memory (stacks, spills, arrays never initialised): every warp
+//    slot's local window overwritten before each run by ks_scrub_local, as
+//    many blocks as fit at once on every SM, the frame as large as the
+//    largest any loaded kernel needs (at most 64 KiB per thread; larger is a
+//    launch_error);
 //  - shared memory: one block per SM holding the opt-in maximum overwrites it
 //    before each run (ks_scrub_shared in ks-worker);
 //  - the device malloc heap: malloc/free/new refused at compile time
 //    (compiler.cc), and the worker's heap limit set to the minimum;
-//  - the L2 flush buffer: the worker's own allocation, rewritten before each run;
+//  - the L2 flush buffer and the scrub's counter: the worker's own page-sized
+//    allocations, rewritten in full before every run;
 //  - device printf FIFO: capped, and only a log, never an answer;
 //  - TMA tensor maps (the plan's "tensor_maps"): built by the worker from the
-//    plan, one per input set, and checked first to walk only inside the
-//    tensor or scratch buffer they name (plan/tensor_map.h), so a TMA store
-//    reaches only what an ordinary store through that pointer could;
+//    plan, and checked first to walk only inside the tensor or scratch
+//    buffer they name (plan/tensor_map.h), so a TMA store reaches only what
+//    an ordinary store through that pointer could;
 //  - the profiled run (hardware counters, gpu_evaluator_counters.cc): a second
-//    worker under ncu, its run prepared and verified as every run is; it
-//    decides nothing about the candidate (stops a kernel that detects the
-//    profiler from buying better-looking counters: a wrong profiled run only
-//    drops them).
+//    worker under ncu, its run prepared and verified as every run is and
+//    followed by the check of the staged set; it decides nothing about the
+//    candidate (a wrong profiled run only drops its counters).
+// The order of the checked sets (get_inputs() and shifted sets together) is
+// drawn at random per candidate (CheckCorrectness), and so is the set the
+// timed runs use.
 // What cannot be stopped here, and why:
-//  - per-thread local memory (stack) is not cleared between launches; which
-//    warp gets which slot depends on scheduling, so an answer cached there is
-//    unreliable, and unreliable answers fail the bit-for-bit check; a kernel
-//    reading its own uninitialized locals is the risk left;
-//  - reading other input sets' buffers (they share the arena) cannot be
-//    prevented without one allocation per set; it cannot reveal a reference
-//    output (those live only in this process), only other inputs;
+//  - driver-owned memory of the worker's context (the printf FIFO, the
+//    minimal heap, code) at addresses no plan names: reaching it takes a
+//    wild pointer outside every buffer, which faults in all but unlucky
+//    layouts; nothing the evaluator gives a kernel points there;
 //  - a race that never shows within the runs checked (at least one per set,
 //    the last warm-up run and every timed run) passes, as it would in PyTorch.
+// The "slower than best" cut of timed runs (TimedRuns) rests on best_ms(),
+// which only a candidate whose every run passed these checks sets; a cut
+// changes no verdict and no figure's method, only how many timed runs a
+// clearly slower candidate gets (at least cut_min_runs, each verified).
 //
 // Not thread-safe: one caller at a time (GPU work is serialized per GPU);
 // EvaluateBatch compiles in parallel internally.
@@ -84,6 +104,7 @@
 #include "evaluator/evaluator_api.h"
 #include "evaluator/plan/launch_plan.h"
 #include "evaluator/plan/worker_protocol.h"
+#include "evaluator/judge/judge.h"
 #include "evaluator/launch_profile.h"
 #include "evaluator/problem.h"
 
@@ -132,11 +153,10 @@ struct GpuEvaluatorOptions {
                                     // matmul peak of its compute class (MeasureDevicePeaks)
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
   std::string target;               // NVRTC target; "" = the device's arch-specific one (sm_90a on 9.0)
-  // The precision contract (Evaluation::precision): "fp32" holds a candidate
-  // to the full-fp32 reference; "tf32" widens each float32 output's tolerance
-  // to twice the error of PyTorch's default precision (TF32 convolutions) on
-  // it, where that differs (ReferenceData::default_precision_error).
-  std::string precision = "fp32";
+  // The precision contract (Evaluation::precision; evaluator/judge/judge.h):
+  // "highest", "high", "medium" or "kernelbench" ("fp32" and "tf32" are
+  // aliases of highest and high).
+  std::string precision = "highest";
 };
 
 // Compile threads for each of `gpus` evaluators of one host: the CPU cores but
@@ -194,6 +214,9 @@ class GpuEvaluator : public CandidateEvaluator {
     std::vector<CUdeviceptr> refs;   // one per input set; trusted memory only:
     std::vector<DeviceBuffer> ref_buffers;  // ours (from files), or the resident bridge's (mapped)
     std::vector<double> ref_rms;     // per input set: RMS of the finite reference values
+    // Per input set: the per-block bound under the contract (judge.h
+    // CombineBounds), where the set's truth is float64; empty buffers elsewhere.
+    std::vector<DeviceBuffer> bounds;
   };
   struct RunResult {
     EvalStatus status = EvalStatus::kCorrect;
@@ -223,7 +246,9 @@ class GpuEvaluator : public CandidateEvaluator {
     std::map<std::string, OutputError> worst;  // per output, over every run
     std::vector<double> first_ms;              // the correctness runs
     double estimate_ms = 0;                    // one run, for the warm-up and the timed runs' count
-    int run_index = 0;                         // runs after correctness: the next one's input set
+    int run_index = 0;                         // runs after correctness (counted)
+    int timing_set = 0;                        // the get_inputs() set of warm-up, timed and profiled runs (drawn)
+    std::map<int, RunResult> shifted;          // the shifted sets' runs, made among the correctness runs
     std::vector<double> ms, ms_device;         // the timed runs
     std::string stopped = "runs";              // why the timed runs stopped (TimingStats::stopped)
     Roofline roofline;
@@ -254,6 +279,10 @@ class GpuEvaluator : public CandidateEvaluator {
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
   Status Setup();
   Status LoadTensor(const std::string& path, CUdeviceptr dst, uint64_t bytes);
+  // The bound array `key` (judge.h BoundKey) of set `set` on the host: `blocks` floats.
+  StatusOr<std::vector<float>> ReadBound(int set, const std::string& key, int64_t blocks);
+  // Each output's per-block bound for each set whose truth is float64 (Setup).
+  Status LoadBounds();
   // Resident reference: tensor `name` of set `set` in the bridge's memory (mapped once per allocation).
   StatusOr<CUdeviceptr> ResidentTensorPtr(int set, const std::string& name, uint64_t bytes);
   // Copies tensor `name` of set `set` to dst: from its file, or from the resident bridge.
@@ -272,23 +301,26 @@ class GpuEvaluator : public CandidateEvaluator {
   // Every input set and its padding against the pristine copy (restored when
   // changed): r becomes incorrect when a run wrote into any of them.
   void CheckEveryInputSet(RunResult& r);
-  // `runs` warm-up runs in one worker request, from input set `first_set` on,
-  // then the checks of the last run and of every input set.
-  RunResult WarmUp(int runs, int first_set, double estimate_ms);
+  // `runs` warm-up runs on input set `set` in one worker request, then the
+  // checks of the last run (outputs, the set's inputs, guards).
+  RunResult WarmUp(int runs, int set, double estimate_ms);
   // A worker's reply to a run: true when it ran; otherwise r says why (a
   // timeout or a dead worker stops the worker).
   bool ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r);
   // __device__ variables that changed (a worker's reply names them) make r incorrect.
   void NoteStateChanged(const std::vector<std::string>& changed, RunResult& r);
-  // Arena offsets of a tensor of the signature, one per input set.
+  // The arena offset of a tensor of the signature (one: every set is staged there).
   std::vector<uint64_t> ArenaOffsets(const std::string& name) const;
+  // Copies input set `set` (inputs, and parameters where the set has its
+  // own) from the pristine copy into the arena, unless it is there already.
+  Status StageSet(int set);
   // The worker's load request for a resolved plan (plan/worker_protocol.h).
   wire::LoadRequest BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
   // The per-launch figures (evaluator/launch_profile.h) from a few split runs
   // after the timed ones; a run that fails here fails the candidate as any run does.
   StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan,
                                                        const std::vector<wire::Occupancy>& occupancy,
-                                                       const Roofline& plan_roofline, int first_run,
+                                                       const Roofline& plan_roofline, int set,
                                                        RunResult* failed);
   double RunTimeout() const;
   // The distribution-shifted sets (ReferenceSet::transform) of a candidate
@@ -322,6 +354,7 @@ class GpuEvaluator : public CandidateEvaluator {
 
   ReferenceData ref_;
   GpuEvaluatorOptions opts_;
+  Contract contract_ = Contract::kHighest;  // opts_.precision, parsed at Setup
   const CudaDriver* d_ = nullptr;
   PrimaryContext ctx_;
   DeviceInfo info_;
@@ -333,10 +366,16 @@ class GpuEvaluator : public CandidateEvaluator {
   DeviceBuffer arena_, pristine_, stats_;
   std::map<std::string, IpcMapping> resident_maps_;  // by IPC handle: the resident bridge's allocations
   uint64_t inputs_end_ = 0;
-  std::vector<std::vector<TensorSlot>> set_inputs_;  // per set
-  std::vector<TensorSlot> params_;  // shared by every set
+  std::vector<std::vector<TensorSlot>> set_inputs_;  // per set, offsets in pristine_
+  std::vector<TensorSlot> params_;  // shared by every set (pristine_ offsets)
   // Per set: params_, where the set has its own copy (ReferenceSet::own_parameters) at that copy's offset.
   std::vector<std::vector<TensorSlot>> set_params_;
+  // The arena's one working set (StageSet): the inputs and the parameters at
+  // their arena offsets, and which set they hold now (-1: none yet).
+  std::vector<TensorSlot> work_inputs_, work_params_;
+  uint64_t work_end_ = 0;
+  int staged_set_ = -1;
+  uint64_t tail_guard_offset_ = 0, tail_guard_bytes_ = 0;  // a problem with no output: the guard after the inputs
   std::vector<OutputSlot> outputs_;
   std::string ipc_handle_;
   ChildProcess worker_;

@@ -159,6 +159,9 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
   worker_ready_ = true;
   run_timeout_scale_ = kProfiledRunTimeoutScale;
   RunResult run = RunOnce(0);
+  // Followed by the checks of every run (RunOnce: outputs, the set's inputs,
+  // guards) and of every input set, as the last run of a candidate is.
+  if (run.status == EvalStatus::kCorrect) CheckEveryInputSet(run);
   run_timeout_scale_ = 1;
   std::swap(worker_, *profiled);
   worker_ready_ = ready;

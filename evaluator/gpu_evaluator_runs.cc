@@ -134,8 +134,9 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
     r.message = std::move(msg);
     return r;
   };
-  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::RunRequest{static_cast<uint64_t>(set), split}));
-      !s.ok()) {
+  if (Status s = StageSet(set); !s.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
+  // The worker is told no set: every set is staged at the same addresses.
+  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::RunRequest{0, split})); !s.ok()) {
     StopWorker("send failed");
     return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
   }
@@ -152,12 +153,14 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
   return r;
 }
 
-GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double estimate_ms) {
+GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int set, double estimate_ms) {
   RunResult r;
-  const int sets = ref_.JudgingSets();  // warm-up, like timing, on get_inputs() sets only
-  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, static_cast<uint64_t>(sets),
-                                                                                 static_cast<uint64_t>(first_set)}));
-      !s.ok()) {
+  if (Status s = StageSet(set); !s.ok()) {
+    r.status = EvalStatus::kRuntimeError;
+    r.message = "evaluator: " + s.message();
+    return r;
+  }
+  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, 1, 0})); !s.ok()) {
     StopWorker("send failed");
     r.status = EvalStatus::kRuntimeError;
     r.message = "the worker is gone: " + s.message();
@@ -174,24 +177,36 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int first_set, double est
     return r;
   }
   NoteStateChanged(warmed->state_changed, r);
-  // The last run's outputs, inputs and guards, as after any run ...
-  CheckRun((first_set + runs - 1) % sets, r);
-  if (r.status != EvalStatus::kCorrect) return r;
-  // ... and every input set: an earlier run may have written into another set.
-  CheckEveryInputSet(r);
+  // The last run's outputs, inputs and guards, as after any run (the inputs
+  // are the same set's in every warm-up run: a change by an earlier run shows).
+  CheckRun(set, r);
   return r;
 }
 
 void GpuEvaluator::CheckEveryInputSet(RunResult& r) {
-  auto diff = CountDiffWords(arena_.get(), pristine_.get(), inputs_end_);
-  if (!diff.ok()) {
+  // The arena holds one set (StageSet): its inputs and parameters, padding
+  // included, against the pristine copy of that set.
+  if (staged_set_ < 0) return;
+  uint64_t changed = 0;
+  auto compare = [&](const TensorSlot& work, const TensorSlot& pristine) {
+    auto diff = CountDiffWords(arena_.get() + work.offset, pristine_.get() + pristine.offset, AlignUp(work.bytes));
+    if (!diff.ok()) return diff.status();
+    if (*diff)
+      KS_RETURN_IF_ERROR(d_->Check(
+          d_->cuMemcpyDtoD(arena_.get() + work.offset, pristine_.get() + pristine.offset, AlignUp(work.bytes)),
+          "restoring an input"));
+    changed += *diff;
+    return Status::Ok();
+  };
+  Status st;
+  for (size_t i = 0; i < work_inputs_.size() && st.ok(); ++i) st = compare(work_inputs_[i], set_inputs_[staged_set_][i]);
+  for (size_t i = 0; i < work_params_.size() && st.ok(); ++i) st = compare(work_params_[i], set_params_[staged_set_][i]);
+  if (!st.ok()) {
     r.status = EvalStatus::kRuntimeError;
-    r.message = "evaluator: " + diff.status().message();
-  } else if (*diff) {
-    d_->cuMemcpyDtoD(arena_.get(), pristine_.get(), inputs_end_);
+    r.message = "evaluator: " + st.message();
+  } else if (changed) {
     r.status = EvalStatus::kIncorrect;
-    r.message = "the candidate modified " + std::to_string(*diff) +
-                " 4-byte words of the input buffers (another input set's, or padding)";
+    r.message = "the candidate modified " + std::to_string(changed) + " 4-byte words of the input buffers (or padding)";
   }
 }
 
@@ -283,17 +298,18 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
   }
   // Inputs must be unchanged (stops writing intermediates into inputs and
   // corrupting the data later runs are checked on).
-  std::vector<const TensorSlot*> slots;
-  for (const auto& s : set_inputs_[set]) slots.push_back(&s);
-  for (const auto& s : set_params_[set]) slots.push_back(&s);
+  // The arena's working slots against the pristine copy of this set.
+  std::vector<std::pair<const TensorSlot*, const TensorSlot*>> slots;
+  for (size_t i = 0; i < work_inputs_.size(); ++i) slots.push_back({&work_inputs_[i], &set_inputs_[set][i]});
+  for (size_t i = 0; i < work_params_.size(); ++i) slots.push_back({&work_params_[i], &set_params_[set][i]});
   // A modified input is named first even when outputs are also wrong: it is
   // the cause, and which symptom shows depends on how the candidate's blocks race.
   bool input_named = false;
-  for (const TensorSlot* s : slots) {
-    auto diff = CountDiffWords(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
+  for (auto [s, pristine] : slots) {
+    auto diff = CountDiffWords(arena_.get() + s->offset, pristine_.get() + pristine->offset, AlignUp(s->bytes));
     if (!diff.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
     if (*diff) {
-      d_->cuMemcpyDtoD(arena_.get() + s->offset, pristine_.get() + s->offset, AlignUp(s->bytes));
+      d_->cuMemcpyDtoD(arena_.get() + s->offset, pristine_.get() + pristine->offset, AlignUp(s->bytes));
       std::string msg = "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
                         " 4-byte words changed, input set " + std::to_string(set) + ")";
       if (!input_named && (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)) {
@@ -313,6 +329,7 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
     }
   };
   check_guard(0, kGuard, "before the start of its buffers");
+  if (tail_guard_bytes_) check_guard(tail_guard_offset_, tail_guard_bytes_, "past the end of its buffers");
   for (const auto& o : outputs_)
     check_guard(o.guard_offset, o.guard_bytes, "past the end of output '" + o.spec->name + "' (its alignment padding included)");
 }

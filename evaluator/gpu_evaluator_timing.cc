@@ -27,17 +27,17 @@ std::optional<Evaluation> GpuEvaluator::WarmUpPhase(Judgement& j) {
   j.estimate_ms = std::max(Summarize(j.first_ms).median_ms, 1e-3);
   if (opts_.timing == TimingMode::kAdaptive) {
     int runs = static_cast<int>(std::clamp(std::ceil(opts_.warmup_ms / j.estimate_ms), 3.0, 1000.0));
-    RunResult r = WarmUp(runs, 0, j.estimate_ms);
+    RunResult r = WarmUp(runs, j.timing_set, j.estimate_ms);
     j.KeepWorst(r.errors);
     if (r.status != EvalStatus::kCorrect)
       return FailRun(j, r, "warm-up (" + std::to_string(runs) + " runs): " + r.message, /*own_errors=*/true);
     j.run_index = runs;
   } else {
-    const int judging = ref_.JudgingSets();
     double warm_total = 0;
     std::vector<double> warm_ms;
     for (int w = 0; w < 3 || warm_total < opts_.warmup_ms; ++w) {
-      RunResult r = RunChecked(j, j.run_index++ % judging);
+      ++j.run_index;
+      RunResult r = RunChecked(j, j.timing_set);
       j.KeepWorst(r.errors);
       if (r.status != EvalStatus::kCorrect)
         return FailRun(j, r, "warm-up run " + std::to_string(w) + ": " + r.message, /*own_errors=*/false);
@@ -55,12 +55,12 @@ std::optional<Evaluation> GpuEvaluator::WarmUpPhase(Judgement& j) {
 // Phase 5: timed runs, every one verified, until the planned count, a stable
 // median (adaptive), a candidate clearly slower than the best, or the time cap.
 std::optional<Evaluation> GpuEvaluator::TimedRuns(Judgement& j) {
-  const int judging = ref_.JudgingSets();
   int n = static_cast<int>(std::ceil(opts_.target_timed_ms / std::max(j.estimate_ms, 1e-3)));
   n = std::clamp(n, opts_.min_timed_runs, opts_.max_timed_runs);
   auto phase_start = Clock::now();
   for (int i = 0; i < n; ++i) {
-    RunResult r = RunChecked(j, j.run_index++ % judging);
+    ++j.run_index;
+    RunResult r = RunChecked(j, j.timing_set);
     j.KeepWorst(r.errors);
     if (r.status != EvalStatus::kCorrect)
       return FailRun(j, r, "timed run " + std::to_string(i) + ": " + r.message, /*own_errors=*/true);
@@ -94,9 +94,9 @@ std::optional<Evaluation> GpuEvaluator::TimedRuns(Judgement& j) {
 // Phase 6: each launch on its own, in runs of their own after the timed ones.
 std::optional<Evaluation> GpuEvaluator::ProfilePhase(Judgement& j) {
   const DevicePeaks* measured = peaks_ && peaks_->ok() ? &**peaks_ : nullptr;
-  j.roofline = PlanRoofline(ref_.signature, bandwidth_gbps_, measured, opts_.peak_tflops);
+  j.roofline = PlanRoofline(ref_.signature, bandwidth_gbps_, measured, opts_.peak_tflops, contract_);
   RunResult failed;
-  auto profiles = ProfileLaunches(*j.plan, j.occupancy, j.roofline, j.run_index, &failed);
+  auto profiles = ProfileLaunches(*j.plan, j.occupancy, j.roofline, j.timing_set, &failed);
   if (!profiles.ok()) {
     j.KeepWorst(failed.errors);
     return FailRun(j, failed, "profile run: " + failed.message, /*own_errors=*/true);
@@ -125,6 +125,7 @@ void GpuEvaluator::ReportSpeed(Judgement& j) {
   e.compiled = ref_.compiled;
   if (ref_.eager && e.timing->median_ms > 0) e.speedup_eager = ref_.eager->median_ms / e.timing->median_ms;
   if (ref_.compiled && e.timing->median_ms > 0) e.speedup_compile = ref_.compiled->median_ms / e.timing->median_ms;
+  if (e.speedup_eager && e.speedup_compile) e.speedup_best = std::min(*e.speedup_eager, *e.speedup_compile);
   FinishRoofline(e.timing->median_ms, &j.roofline);
   e.roofline = j.roofline;
   e.robustness = std::move(j.robustness);
@@ -132,16 +133,15 @@ void GpuEvaluator::ReportSpeed(Judgement& j) {
 
 StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const ResolvedPlan& plan,
                                                                    const std::vector<wire::Occupancy>& occupancy,
-                                                                   const Roofline& plan_roofline, int first_run,
+                                                                   const Roofline& plan_roofline, int set,
                                                                    RunResult* failed) {
   // Few runs: the events inside the plan cost a few microseconds each, and
   // these figures guide a model, they do not rank candidates.
   constexpr int kProfileRuns = 5;
-  const int sets = ref_.JudgingSets();  // timed and profiled on get_inputs() sets only
   const size_t n = plan.launches.size();
   std::vector<std::vector<double>> launch_ms(n);
   for (int i = 0; i < kProfileRuns; ++i) {
-    RunResult r = RunOnce((first_run + i) % sets, /*split=*/true);
+    RunResult r = RunOnce(set, /*split=*/true);
     if (r.status != EvalStatus::kCorrect) {
       *failed = std::move(r);
       return Internal("profile run failed");

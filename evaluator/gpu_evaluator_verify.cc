@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -63,6 +64,7 @@ struct CompareArgs {
   unsigned long long n;
   double atol, rtol, tiny, large_rel;
   uint64_t poison;
+  CUdeviceptr bound = 0;  // per-block bound (judge.h), or 0
 };
 
 // One launch of a cmp_* helper over a whole output; the figures come back in `stats`.
@@ -71,7 +73,7 @@ StatusOr<Stats> LaunchCompare(const CudaDriver* d, CUfunction fn, CUdeviceptr st
   init.first = ~0ull;
   KS_RETURN_IF_ERROR(d->Check(d->cuMemcpyHtoD(stats, &init, sizeof init), "cuMemcpyHtoD"));
   unsigned long long poison = c.poison;
-  void* args[] = {&c.out, &c.ref, &c.n, &c.atol, &c.rtol, &c.tiny, &c.large_rel, &poison, &stats};
+  void* args[] = {&c.out, &c.ref, &c.n, &c.atol, &c.rtol, &c.tiny, &c.large_rel, &poison, &c.bound, &stats};
   unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((c.n + 255) / 256, 1, max_grid));
   KS_RETURN_IF_ERROR(d->Check(d->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "compare"));
   Stats s;
@@ -110,6 +112,7 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
     a.tiny = std::max(tol.TinyFraction() * o.ref_rms[set], std::numeric_limits<double>::min());
     a.large_rel = tol.large_rel;
   }
+  if (set < static_cast<int>(o.bounds.size())) a.bound = o.bounds[set].get();
   PoisonPattern p;
   PoisonFor(t.dtype, &p, &a.poison);
   KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(t.dtype)], stats_.get(),
@@ -157,19 +160,36 @@ GpuEvaluator::RunResult GpuEvaluator::RunChecked(Judgement& j, int set) {
   return r;
 }
 
-// Phase 2: correctness on every get_inputs() set first; the
-// distribution-shifted sets after them only mark a kernel specialised
-// (CheckRobustness), and are never timed.
+// Phase 2: every get_inputs() set and every distribution-shifted set, in an
+// order drawn at random for each candidate: a kernel can neither count its
+// way to the shifted sets nor (one set staged at a time, at the same
+// addresses) see the set a shifted one was made from. A get_inputs() set it
+// fails ends the judgement; what the shifted sets found is kept for
+// CheckRobustness, which only marks a kernel specialised.
 std::optional<Evaluation> GpuEvaluator::CheckCorrectness(Judgement& j) {
   j.atomics = PtxUsesAtomics(j.compiled.ptx);
   j.first_bits.assign(ref_.sets.size(), std::vector<std::optional<uint64_t>>(outputs_.size()));
   const int judging = ref_.JudgingSets();
-  for (int s = 0; s < judging; ++s) {
+  std::vector<int> order;
+  for (int s = 0; s < judging; ++s) order.push_back(s);
+  if (!correctness_only_ && contract_ != Contract::kKernelBench)
+    for (const InputTransform& t : ref_.transforms)
+      if (t.set >= judging && t.set < static_cast<int>(ref_.sets.size())) order.push_back(t.set);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(std::random_device{}()));
+  for (int s : order) {
     RunResult r = RunChecked(j, s);
+    if (s >= judging) {
+      j.shifted[s] = std::move(r);
+      // A crash, hang or launch failure on a shifted set fails the candidate as any run does.
+      if (j.shifted[s].status != EvalStatus::kCorrect && j.shifted[s].status != EvalStatus::kIncorrect) break;
+      continue;
+    }
     j.KeepWorst(r.errors);
     if (r.status != EvalStatus::kCorrect) return FailRun(j, r, r.message, /*own_errors=*/true);
     j.first_ms.push_back(r.ms);
   }
+  // The timed runs' set, drawn too.
+  j.timing_set = static_cast<int>(std::random_device{}() % static_cast<unsigned>(std::max(judging, 1)));
   j.Phase("correctness");
   return std::nullopt;
 }

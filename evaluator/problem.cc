@@ -122,6 +122,30 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
   return d;
 }
 
+StatusOr<std::pair<const TensorSpec*, int64_t>> SetTensorKey(const Signature& sig, const std::string& key) {
+  const size_t at = key.find('@');
+  const std::string base = at == std::string::npos ? key : key.substr(0, at);
+  const TensorSpec* spec = sig.Find(base);
+  if (!spec || spec->is_scalar) return InvalidArgument("'" + key + "' is not a tensor of the signature");
+  if (at == std::string::npos) return std::make_pair(spec, spec->bytes());
+  const std::string level = key.substr(at + 1);
+  bool output = false;
+  for (const auto& o : sig.outputs) output = output || o.name == base;
+  if (!output || (level != "highest" && level != "high" && level != "medium"))
+    return InvalidArgument("'" + key + "' is not a bound array of an output (out@highest, out@high, out@medium)");
+  return std::make_pair(spec, static_cast<int64_t>((spec->numel() + kBoundBlock - 1) / kBoundBlock * 4));
+}
+
+void ReadSetJudging(const json& s, ReferenceSet* set) {
+  if (const json* f = FieldIf(s, "truth", &json::is_string)) set->truth = f->get<std::string>();
+  if (const json* f = FieldIf(s, "truth_note", &json::is_string)) set->truth_note = f->get<std::string>();
+  if (const json* f = FieldIf(s, "pytorch_error", &json::is_object))
+    for (const auto& [name, e] : f->items())
+      if (e.is_object())
+        set->pytorch_error[name] = {e.value("rms", 0.0), e.value("rel_norm", 0.0), e.value("max_abs", 0.0),
+                                    e.value("ill_conditioned", int64_t{0})};
+}
+
 Status CheckTransformOrder(const ReferenceData& d, const std::string& where) {
   bool shifted = false;
   for (const auto& s : d.sets) {
@@ -149,20 +173,22 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
     set.seed = s.value("seed", uint64_t{0});
     if (!s.contains("files") || !s["files"].is_object())
       return InvalidArgument(manifest_path + ": a set has no 'files'");
+    std::map<std::string, std::string> tensors;
     for (const auto& [name, rel] : s["files"].items()) {
-      const TensorSpec* spec = d.signature.Find(name);
-      if (!spec || spec->is_scalar)
-        return InvalidArgument(manifest_path + ": file for '" + name + "', which is not a tensor of the signature");
+      auto key = SetTensorKey(d.signature, name);
+      if (!key.ok()) return key.status().WithContext(manifest_path + ": a file");
       fs::path p = (dir / rel.get<std::string>()).lexically_normal();
       std::error_code ec;
       uintmax_t size = fs::file_size(p, ec);
       if (ec) return InvalidArgument(manifest_path + ": " + p.string() + ": " + ec.message());
-      if (static_cast<int64_t>(size) != spec->bytes())
+      if (static_cast<int64_t>(size) != key->second)
         return InvalidArgument(p.string() + ": " + std::to_string(size) + " bytes, expected " +
-                               std::to_string(spec->bytes()) + " for '" + name + "'");
+                               std::to_string(key->second) + " for '" + name + "'");
       set.files[name] = p.string();
+      if (name.find('@') == std::string::npos) tensors[name] = p.string();
     }
-    KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, set.files, set.seed, manifest_path));
+    KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, manifest_path));
+    ReadSetJudging(s, &set);
     set.transform = s.value("transform", "");
     set.own_parameters = StringList(s, "parameters");
     KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, manifest_path));

@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "common/subprocess.h"
 #include "evaluator/evaluation.h"
+#include "evaluator/judge/judge.h"
 #include "evaluator/signature.h"
 
 namespace ks {
@@ -153,6 +154,15 @@ struct ReferenceSet {
   // parameter is the one all sets share. The evaluator gives these their
   // own arena buffers for runs on this set.
   std::vector<std::string> own_parameters;
+  // What its reference outputs are (issue 36): "float64" (the model run in
+  // float64, cast to each output's dtype: the truth), or "float32" (PyTorch's
+  // own output, where the float64 run was skipped; truth_note says why).
+  std::string truth = "float32";
+  std::string truth_note;
+  // PyTorch's own float32 output against float64 on this set, by output
+  // (where truth is float64); and, in `files` or the resident tensors under
+  // BoundKey(output, level), the per-block bound arrays (judge.h).
+  std::map<std::string, PyTorchError> pytorch_error;
   bool OwnsParameter(const std::string& name) const {
     for (const auto& p : own_parameters)
       if (p == name) return true;

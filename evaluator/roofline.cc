@@ -26,18 +26,25 @@ std::string Flop(double f) {
 
 }  // namespace
 
-Fp32Path FastestFp32Path(const DevicePeaks& peaks) {
-  const double fp32 = peaks.For("fp32"), tf32x3 = peaks.For("tf32") / 3;
-  if (tf32x3 > fp32) return {tf32x3, "3xTF32"};
-  if (fp32 > 0) return {fp32, "fp32"};
-  return {};
+Fp32Path FastestFp32Path(const DevicePeaks& peaks, Contract contract) {
+  std::vector<Fp32Path> paths = {{peaks.For("fp32"), "fp32"},
+                                 {peaks.For("tf32") / 3, "3xTF32"},
+                                 {peaks.For("fp16") / 3, "3xFP16"}};
+  if (contract != Contract::kHighest) paths.push_back({peaks.For("tf32"), "TF32"});
+  if (contract == Contract::kMedium || contract == Contract::kKernelBench) paths.push_back({peaks.For("bf16"), "BF16"});
+  if (contract == Contract::kKernelBench) paths.push_back({peaks.For("fp16"), "FP16"});
+  Fp32Path best;
+  for (const auto& p : paths)
+    if (p.tflops > best.tflops) best = p;
+  return best;
 }
 
-double ClassPeakTflops(const DevicePeaks& peaks, const std::string& compute_class) {
-  return compute_class == "fp32" ? FastestFp32Path(peaks).tflops : peaks.For(compute_class);
+double ClassPeakTflops(const DevicePeaks& peaks, const std::string& compute_class, Contract contract) {
+  return compute_class == "fp32" ? FastestFp32Path(peaks, contract).tflops : peaks.For(compute_class);
 }
 
-Roofline PlanRoofline(const Signature& sig, double peak_gbps, const DevicePeaks* peaks, double override_tflops) {
+Roofline PlanRoofline(const Signature& sig, double peak_gbps, const DevicePeaks* peaks, double override_tflops,
+                      Contract contract) {
   Roofline rf;
   rf.bytes = static_cast<double>(sig.MinimumBytes());
   rf.flops = sig.flops.value_or(0);
@@ -61,12 +68,12 @@ Roofline PlanRoofline(const Signature& sig, double peak_gbps, const DevicePeaks*
     double seconds = 0, bounded_flops = 0;
     std::vector<std::string> classes;
     for (const auto& [cls, f] : by_class) {
-      double peak = override_tflops > 0 ? override_tflops : peaks ? ClassPeakTflops(*peaks, cls) : 0;
+      double peak = override_tflops > 0 ? override_tflops : peaks ? ClassPeakTflops(*peaks, cls, contract) : 0;
       if (peak <= 0) continue;  // not measured (fp64, int8): that part bounds nothing
       seconds += f / (peak * 1e12);
       bounded_flops += f;
       classes.push_back(cls);
-      if (cls == "fp32" && override_tflops <= 0 && peaks) rf.fp32_path = FastestFp32Path(*peaks).name;
+      if (cls == "fp32" && override_tflops <= 0 && peaks) rf.fp32_path = FastestFp32Path(*peaks, contract).name;
     }
     if (seconds > 0) {
       rf.compute_floor_ms = seconds * 1e3;
@@ -100,8 +107,12 @@ std::string RooflineFloorText(const Roofline& r) {
       if (r.fp32_path == "3xTF32")
         out += Fmt(", fp32 via 3xTF32 (TF32 %.0f TFLOP/s measured / 3; fp32 matmul %.1f TFLOP/s measured)",
                    r.peak_tf32_tflops, r.peak_fp32_tflops);
-      else
+      else if (r.fp32_path == "fp32")
         out += Fmt(", fp32 matmul measured (TF32 %.0f TFLOP/s / 3 is slower)", r.peak_tf32_tflops);
+      else if (r.fp32_path == "3xFP16")
+        out += ", fp32 via a scaled 3xFP16 split (FP16 peak measured / 3: the fastest fp32-accurate method here)";
+      else
+        out += Fmt(", fp32 work at %s (the fastest method the precision contract admits)", r.fp32_path.c_str());
     }
   } else if (r.flops > 0) {
     out += Fmt("; no compute floor (%s, no measured peak for its class)", Flop(r.flops).c_str());

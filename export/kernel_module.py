@@ -58,6 +58,9 @@ SIGNATURE = json.loads("@@SIGNATURE@@")
 # What held beyond get_inputs() when the evaluator judged it (inputs scaled,
 # negated, with outliers): {"specialised", "broken_by", "checks"}; null when not recorded.
 ROBUSTNESS = json.loads("@@ROBUSTNESS@@")
+# The judging rule this kernel was held to (evaluator/judge/judge.h): its
+# precision contract and the judge's constants; check() applies the same rule.
+JUDGE = json.loads("@@JUDGE@@")
 # Parameter kinds of each kernel, from the PTX NVRTC produced at export time.
 KERNELS = json.loads("@@KERNELS@@")
 # The plan as the evaluator resolved it at the signature's shapes.
@@ -463,15 +466,23 @@ _DEFAULT_BOUNDS = {"float32": (1e-4, 1e-4, 1e-5), "float16": (1e-2, 1e-2, 5e-3),
                    "float64": (1e-8, 1e-6, 1e-9)}
 
 
-def compare(out, ref, dtype, tolerance=None):
+def compare(out, ref, dtype, tolerance=None, bound=None, contract=None, own_rel_norm=None):
     """One output against its reference by the evaluator's rules: {"numel",
-    "mismatches" (outside atol + rtol * |ref|, NaN where the reference is
-    finite included), "max_abs", "rel_norm", "rel_norm_bound", "ok"}.
-    `tolerance` is the problem's TOLERANCE, if any."""
+    "mismatches" (outside atol + rtol * |ref| + bound, NaN where the reference
+    is finite included), "max_abs", "rel_norm", "rel_norm_bound", "ok"}.
+    `tolerance` is the problem's TOLERANCE, if any; `bound` (per element, or
+    None) what PyTorch's own error allows on top (_block_bound); `contract`
+    the precision contract ("kernelbench": atol = rtol = 1e-2 and nothing
+    else); `own_rel_norm` PyTorch's own relative error against float64, which
+    widens the norm bound by the contract's factor."""
     atol, rtol, rel_norm_bound = _DEFAULT_BOUNDS.get(dtype, (0.0, 0.0, 0.0))
     if tolerance:
         atol, rtol = tolerance.get("atol", atol), tolerance.get("rtol", rtol)
         rel_norm_bound = tolerance.get("rel_norm", max(rel_norm_bound, rtol / 4))
+    if contract == "kernelbench" and out.is_floating_point():
+        atol, rtol, rel_norm_bound = JUDGE["kernelbench_atol"], JUDGE["kernelbench_rtol"], 0.0
+    elif own_rel_norm is not None and rel_norm_bound > 0:
+        rel_norm_bound = max(rel_norm_bound, max(JUDGE["factor"], JUDGE["highest_factor"]) * own_rel_norm)
     o, r = out.detach().double().reshape(-1), ref.detach().double().reshape(-1)
     if o.shape != r.shape:
         return {"numel": r.numel(), "mismatches": r.numel(), "max_abs": float("inf"), "rel_norm": float("inf"),
@@ -483,7 +494,10 @@ def compare(out, ref, dtype, tolerance=None):
                 "rel_norm": 0.0, "rel_norm_bound": 0.0, "ok": bad == 0}
     finite = torch.isfinite(r)
     d = (o - r).abs()
-    bad = (~torch.isfinite(o) & finite) | (finite & (d > atol + rtol * r.abs()))
+    limit = atol + rtol * r.abs()
+    if bound is not None:
+        limit = limit + bound.to(limit.device, torch.float64).reshape(-1)
+    bad = (~torch.isfinite(o) & finite) | (finite & (d > limit))
     bad = bad | (~finite & ~((o == r) | (torch.isnan(o) & torch.isnan(r))))
     df, rf = d[finite & torch.isfinite(o)], r[finite & torch.isfinite(o)]
     ref_norm = float(rf.norm()) if rf.numel() else 0.0
@@ -509,21 +523,66 @@ def _reference(model, inputs):
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def _float64_reference(model, inputs):
+    """The problem's own forward on a float64 copy of the module and inputs
+    (the truth the evaluator judges against), or None where float64 fails."""
+    import copy
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    try:
+        model64 = copy.deepcopy(model).double()
+        inputs64 = tuple(v.double() if isinstance(v, torch.Tensor) and v.dtype in floats else v for v in inputs)
+        model64._ks_reference_forward = True
+        with torch.no_grad():
+            out = model64(*inputs64)
+    except Exception:  # noqa: BLE001 - an op without float64: judged against float32, as the evaluator does
+        return None
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _block_bound(pt32, pt64):
+    """Per element, what PyTorch's own error allows (evaluator/judge/judge.h):
+    the highest factor times the largest |PyTorch - float64| of its block of
+    BOUND_BLOCK elements, or the contract's factor times it, whichever is
+    larger; +inf where PyTorch is not finite and float64 is."""
+    a, b = pt32.detach().double().reshape(-1), pt64.detach().double().reshape(-1)
+    d = (a - b).abs()
+    d = torch.where(torch.isfinite(b) & ~torch.isfinite(a), torch.full_like(d, float("inf")), d)
+    d = torch.where(torch.isfinite(b), d, torch.zeros_like(d))
+    block = int(JUDGE["bound_block"])
+    n = d.numel()
+    pad = (-n) % block
+    blocks = torch.cat([d, d.new_zeros(pad)]).view(-1, block).amax(dim=1) if n else d
+    factor = max(JUDGE["factor"], JUDGE["highest_factor"])
+    return (blocks * factor).repeat_interleave(block)[:n]
+
+
 def check(model, *inputs):
     """Verifies the exported kernel on your own inputs (any shapes its plan
-    allows, your data): ModelNew `model` against the problem's Model forward
-    on the same module, output by output, by the evaluator's rules (compare()).
-    Returns {"ok": bool, "outputs": [compare()'s figures with "name"]}; a
-    wrong answer is reported, not raised."""
+    allows, your data) by the rule it was judged by (JUDGE): ModelNew `model`
+    against the problem's Model forward run in float64 on the same module,
+    output by output (compare()), allowing per block of elements the
+    contract's factor times PyTorch's own float32 error there; against
+    PyTorch's float32 output where float64 is not supported. Returns {"ok":
+    bool, "truth": "float64" | "float32", "contract", "outputs": [compare()'s
+    figures with "name"]}; a wrong answer is reported, not raised."""
     got = model(*inputs)
     got = list(got) if isinstance(got, (tuple, list)) else [got]
     ref = _reference(model, inputs)
+    truth = _float64_reference(model, inputs)
     outputs = []
-    for spec, o, r in zip(SIGNATURE["outputs"], got, ref):
-        figures = compare(o, r, spec["dtype"], SIGNATURE.get("tolerance"))
+    for i, (spec, o, r) in enumerate(zip(SIGNATURE["outputs"], got, ref)):
+        t = truth[i] if truth is not None and i < len(truth) else None
+        if t is not None and o.is_floating_point() and t.shape == r.shape:
+            own = compare(r, t, spec["dtype"])  # PyTorch's own float32 against float64
+            figures = compare(o, t, spec["dtype"], SIGNATURE.get("tolerance"), bound=_block_bound(r, t),
+                              contract=JUDGE["contract"], own_rel_norm=own["rel_norm"])
+        else:
+            figures = compare(o, r, spec["dtype"], SIGNATURE.get("tolerance"), contract=JUDGE["contract"])
         figures["name"] = spec["name"]
         outputs.append(figures)
-    return {"ok": len(got) == len(ref) and all(f["ok"] for f in outputs), "outputs": outputs}
+    return {"ok": len(got) == len(ref) and all(f["ok"] for f in outputs),
+            "truth": "float64" if truth is not None else "float32", "contract": JUDGE["contract"],
+            "outputs": outputs}
 
 
 def benchmark(model, *inputs, runs=50, warmup=5):

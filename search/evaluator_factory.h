@@ -31,7 +31,7 @@ struct EvaluatorOptions {
   // scripted evaluator per listed ordinal ("all" = one).
   std::string gpus;
   // The precision contract a candidate is held to: "fp32" or "tf32" (GpuEvaluatorOptions::precision).
-  std::string precision = "fp32";
+  std::string precision = "highest";
   // The reference's base seed (ReferenceOptions::seed): the judging sets use
   // the default; the agent's practice sets (search/agent.h) use
   // kPracticeReferenceSeed, so that no practice set is a judging set.

@@ -6,6 +6,7 @@
 
 #include "common/files.h"
 #include "evaluator/compiler.h"
+#include "evaluator/judge/judge.h"
 #include "evaluator/problem.h"
 #include "evaluator/signature.h"
 
@@ -60,10 +61,11 @@ std::string Describe(const store::CandidateRow& c) {
   std::string limit;
   if (robust.is_object() && robust.value("specialised", false))
     limit = "; SPECIALISED: " + RobustnessFromJson(robust).Summary() + "; check() it on your own inputs";
-  if (e.is_object() && e.value("precision", "") == "tf32")
-    limit += "; held to TF32 accuracy (--precision tf32: twice PyTorch's default TF32 error), not exact fp32";
-  else if (e.is_object() && e.value("precision", "") == "fp32")
-    limit += "; held to fp32 accuracy";
+  const std::string contract = e.is_object() ? CanonicalContract(e.value("precision", "")) : "";
+  if (!contract.empty()) limit += "; precision contract " + contract;
+  if (contract == "high") limit += " (TF32-class error allowed), not exact fp32";
+  if (contract == "medium") limit += " (bf16-class error allowed), not exact fp32";
+  if (contract == "kernelbench") limit += " (atol = rtol = 1e-2), not exact fp32";
   if (c.evaluation->speedup_eager)
     return fmt::format("correct, {:.2f}x over PyTorch eager{}{}", *c.evaluation->speedup_eager, on, limit);
   return "correct" + on + limit;
@@ -158,6 +160,23 @@ nlohmann::json ResolvedPlanToJson(const ResolvedPlan& plan) {
   return out;
 }
 
+// The judging rule this kernel was held to (evaluator/judge/judge.h), for
+// the module's check(): its contract and the judge's constants.
+nlohmann::json JudgeJson(const store::CandidateRow& c) {
+  std::string stored;
+  if (c.evaluation) {
+    auto e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+    if (e.is_object()) stored = e.value("precision", std::string());
+  }
+  const Contract contract = ParseContract(stored.empty() ? "highest" : stored).value_or(Contract::kHighest);
+  return {{"contract", ContractName(contract)},
+          {"factor", ContractFactor(contract)},
+          {"highest_factor", kHighestFactor},
+          {"bound_block", kBoundBlock},
+          {"kernelbench_atol", kKernelBenchAtol},
+          {"kernelbench_rtol", kKernelBenchRtol}};
+}
+
 StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, int64_t candidate_id,
                                                     const ExportOptions& options) {
   KS_ASSIGN_OR_RETURN(store::CandidateRow c, store->GetCandidate(candidate_id));
@@ -209,7 +228,8 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
                                             {"PRELUDE", NvrtcPrelude()},
                                             {"CUDA_HOME", cuda_home},
                                             {"TARGET", target},
-                                            {"ROBUSTNESS", robustness.dump()}}));
+                                            {"ROBUSTNESS", robustness.dump()},
+                                            {"JUDGE", JudgeJson(c).dump()}}));
   return std::vector<ExportedFile>{{"kernel.cu", c.source},
                                    {"plan.json", c.plan_json},
                                    {"problem.py", problem.source},

@@ -2,6 +2,8 @@
 
 #include "search/search_run.h"
 
+#include "evaluator/judge/judge.h"
+
 // The round loop (search_run.h lists the other files).
 namespace ks {
 
@@ -64,6 +66,7 @@ Status Orchestrator::SearchRun::Load() {
     problem_.signature = std::move(sig).value();
   }
   problem_.gpu = config_.gpu;
+  if (auto c = ParseContract(config_.precision); c.ok()) problem_.judging = DescribeContract(*c);
   KS_RETURN_IF_ERROR(LoadMeasuredFacts());
   if (config_.bank) {
     KS_ASSIGN_OR_RETURN(auto entries, store_->BankCandidates(search_.problem_id));

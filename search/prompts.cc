@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "evaluator/compiler.h"
+#include "evaluator/judge/judge.h"
 #include "evaluator/counters.h"
 #include "evaluator/launch_profile.h"
 
@@ -46,6 +47,7 @@ TemplateVars ProblemVars(const ProblemContext& p) {
   v.Set("signature_table", SignatureTable(p.signature));
   v.Set("gpu_facts", GpuFactsText(p.gpu));
   v.Set("launch_limits", LaunchLimitsText(p.gpu));
+  v.Set("judging", p.judging.empty() ? DescribeContract(Contract::kHighest) : p.judging);
   // The Hopper section (TMA, wgmma) only for a GPU that has those: a list of
   // one record renders it once, an empty list not at all.
   v.SetList("hopper", HopperRecords(p.gpu));

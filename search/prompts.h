@@ -72,6 +72,9 @@ struct ProblemContext {
   std::string source;        // the problem .py as text
   Signature signature;
   GpuFacts gpu;
+  // What a candidate is judged against under the search's precision
+  // contract (evaluator/judge/judge.h DescribeContract); "" = highest's.
+  std::string judging;
 };
 
 // A kernel from the bank (the best correct kernel of another problem in the

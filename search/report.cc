@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "evaluator/judge/judge.h"
 #include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/roofline.h"
@@ -220,6 +221,10 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
                  {"best_candidate", summary.search.best_candidate ? nlohmann::json(*summary.search.best_candidate)
                                                                   : nlohmann::json()},
                  {"best_speedup_eager", Opt(summary.best_speedup_eager)},
+                 {"precision", CanonicalContract(config.is_object() && config.contains("precision") &&
+                                                         config["precision"].is_string()
+                                                     ? config["precision"].get<std::string>()
+                                                     : std::string("highest"))},
                  {"llm_calls", summary.spend.calls},
                  {"failed_llm_calls", summary.failed_calls},
                  {"first_llm_error", summary.first_llm_error},

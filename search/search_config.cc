@@ -4,6 +4,7 @@
 
 #include "common/files.h"
 #include "common/json_field.h"
+#include "evaluator/judge/judge.h"
 
 namespace ks {
 
@@ -12,8 +13,9 @@ Status SearchConfig::Validate() const {
     return InvalidArgument("implement must be oneshot or agent, not '" + implement + "'");
   if (agent_turns < 1 || agent_tool_calls < 1 || agent_tokens < 0)
     return InvalidArgument("agent budgets: turns and tool calls must be >= 1, tokens >= 0");
-  if (precision != "fp32" && precision != "tf32")
-    return InvalidArgument("precision must be fp32 or tf32, not '" + precision + "'");
+  if (!ParseContract(precision).ok())
+    return InvalidArgument("precision must be highest, high, medium or kernelbench (fp32, tf32: aliases), not '" +
+                           precision + "'");
   if (rounds < 0) return InvalidArgument("rounds must be >= 0");
   if (ideas < 1) return InvalidArgument("ideas must be >= 1");
   if (branches < 1) return InvalidArgument("branches must be >= 1");

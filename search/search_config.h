@@ -71,7 +71,7 @@ struct SearchConfig {
   // reference) or "tf32" (PyTorch's default precision; evaluator_factory.h).
   // Stored, so that a resumed search, evaluate-pending and the server judge
   // the same way.
-  std::string precision = "fp32";
+  std::string precision = "highest";
 
   // The implement step: "oneshot" (one reply per idea and branch, the
   // default) or "agent" (a conversation with compile/test tools on practice

@@ -62,6 +62,8 @@ struct SuiteProblemResult {
   bool correct = false;
   std::optional<double> speedup_eager;
   std::optional<double> speedup_compile;
+  // The precision contract its speedups are under (evaluator/judge/judge.h), "" when unknown.
+  std::string precision;
   std::optional<double> fraction_of_floor;  // floor_ms / median_ms of the best kernel
   std::optional<double> median_ms;
   std::optional<int64_t> search_id;
@@ -81,6 +83,11 @@ struct SuiteFigures {
   std::optional<double> geomean_compile;
   int geomean_eager_n = 0;
   int geomean_compile_n = 0;
+  // Against the faster of eager and torch.compile, as KernelBench-v3 reports them.
+  std::array<double, 3> fast_best{};
+  // The precision contract of every correct row ("mixed" when they differ;
+  // "" when none says): printed next to the figures.
+  std::string precision;
 };
 
 struct SuiteReport {

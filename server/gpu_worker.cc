@@ -187,7 +187,7 @@ void GpuWorker::ServeDevice(int device) {
     // One evaluator per problem and precision contract (a search's --precision).
     std::map<std::pair<std::string, std::string>, std::vector<const pb::LeasedCandidate*>> by_problem;
     for (const auto& c : resp->candidates())
-      by_problem[{c.problem_id(), c.precision().empty() ? "fp32" : c.precision()}].push_back(&c);
+      by_problem[{c.problem_id(), c.precision().empty() ? "highest" : c.precision()}].push_back(&c);
     for (const auto& [key, cands] : by_problem) {
       const auto& [problem_id, precision] = key;
       std::vector<std::string> ids;

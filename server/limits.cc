@@ -1,5 +1,7 @@
 #include "server/limits.h"
 
+#include "evaluator/judge/judge.h"
+
 #include <cmath>
 #include <cstdio>
 
@@ -33,9 +35,11 @@ StatusOr<kernelsearch::v1::SearchConfig> ValidateSearchConfig(const kernelsearch
   if (c.budget_calls() == 0) c.set_budget_calls(b.default_budget_calls);
   if (c.budget_tokens() == 0) c.set_budget_tokens(b.default_budget_tokens);
   if (c.budget_minutes() == 0) c.set_budget_minutes(b.default_budget_minutes);
-  if (c.precision().empty()) c.set_precision("fp32");
-  if (c.precision() != "fp32" && c.precision() != "tf32")
-    return InvalidArgument("config.precision = '" + c.precision().substr(0, 32) + "': must be fp32 or tf32");
+  if (c.precision().empty()) c.set_precision("highest");
+  if (!ParseContract(c.precision()).ok())
+    return InvalidArgument("config.precision = '" + c.precision().substr(0, 32) +
+                           "': must be highest, high, medium or kernelbench (fp32, tf32: aliases)");
+  c.set_precision(CanonicalContract(c.precision()));
   KS_RETURN_IF_ERROR(CheckInt("rounds", c.rounds(), b.max_rounds));
   KS_RETURN_IF_ERROR(CheckInt("ideas_per_round", c.ideas_per_round(), b.max_ideas_per_round));
   KS_RETURN_IF_ERROR(CheckInt("branches", c.branches(), b.max_branches));

@@ -217,7 +217,7 @@ struct LeasedCandidateRow {
   std::string lease_id;
   double expires_at = 0;
   int attempts = 0;        // leases this candidate has had, this one included
-  std::string precision = "fp32";  // its search's precision contract: the worker judges under it
+  std::string precision = "highest";  // its search's precision contract: the worker judges under it
   bool allow_degenerate = false;   // its search's --allow-degenerate
 };
 

@@ -24,6 +24,17 @@ using json = nlohmann::json;
 constexpr size_t kGuardBytes = 4096;
 constexpr uint8_t kGuardByte = 0xCD;
 constexpr uint32_t kScratchFill = 0x7FC0FFEE;  // scratch is not zeroed: it holds junk (a NaN) at every run
+// Every buffer the worker allocates is a whole number of these, filled in
+// full before every run: no slack past a guard keeps state (the driver maps
+// device memory in 2 MiB pages, so a smaller allocation's page has room a
+// kernel could reach and nothing would reset).
+constexpr size_t kPage = 2u << 20;
+size_t RoundToPage(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+// Local-memory scrub kernels of the helper module, by frame size (1 KiB << i).
+constexpr int kScrubLocalSizes = 7;  // 1, 2, 4, ... 64 KiB per thread
+const char* const kScrubLocalNames[kScrubLocalSizes] = {"ks_scrub_local_1k",  "ks_scrub_local_2k",  "ks_scrub_local_4k",
+                                                         "ks_scrub_local_8k",  "ks_scrub_local_16k", "ks_scrub_local_32k",
+                                                         "ks_scrub_local_64k"};
 
 struct LaunchSpec {
   CUfunction fn = nullptr;
@@ -37,9 +48,11 @@ struct GlobalSnapshot {
 };
 
 struct Candidate {
+  std::string cubin;  // loaded again before every run but the first
   Module module;
+  bool fresh = false;  // the module was (re)loaded and has not run since
   std::vector<LaunchSpec> launches;
-  std::vector<DeviceBuffer> scratch;  // [guard][data][guard]
+  std::vector<DeviceBuffer> scratch;  // [guard][data][guard up to the allocation's end]
   std::vector<size_t> scratch_bytes;
   std::vector<GlobalSnapshot> globals;
   std::vector<std::vector<CUtensorMap>> tensor_maps;  // [map][input set], encoded at load
@@ -102,7 +115,7 @@ class Worker {
     CUresult r = d_->cuIpcOpenMemHandle(&arena_, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     if (r != CUDA_SUCCESS) return Fail("internal", "cuIpcOpenMemHandle: " + d_->ErrorName(r));
     outputs_ = req.outputs;
-    size_t flush = req.l2_flush_bytes;
+    size_t flush = req.l2_flush_bytes ? RoundToPage(req.l2_flush_bytes) : 0;
     if (flush) {
       auto b = DeviceBuffer::Alloc(flush);
       if (!b.ok()) return Fail("internal", b.status().message());
@@ -119,6 +132,7 @@ class Worker {
       if (!scrub.ok()) return Fail("internal", scrub.status().message());
       pad_module_ = std::move(*m);
       pad_fn_ = *f;
+      sms_ = req.sms;
       pad_ns_ = req.pad_ns;
       // Shared memory is not cleared between launches: one block per SM that
       // holds the opt-in maximum overwrites all of it before every run.
@@ -129,6 +143,8 @@ class Worker {
         if (r != CUDA_SUCCESS) return Fail("internal", "shared-memory scrub: " + d_->ErrorName(r));
         scrub_fn_ = *scrub;
       }
+      if (auto st = InitLocalScrub(); !st.ok())
+        return Fail("internal", "local-memory scrub: " + st.message());
     }
     auto e0 = Event::Create();
     auto e1 = Event::Create();
@@ -148,6 +164,8 @@ class Worker {
     auto m = Module::Load(req.cubin);
     if (!m.ok()) return Fail("launch_error", m.status().message());
     c.module = std::move(*m);
+    c.cubin = req.cubin;
+    c.fresh = true;
     wire::LoadReply reply;
     for (const auto& l : req.launches) {
       LaunchSpec s;
@@ -164,10 +182,12 @@ class Worker {
       reply.occupancy.push_back(QueryOccupancy(*d_, s.fn, l.shape));
       c.launches.push_back(std::move(s));
     }
+    if (auto bad = ChooseLocalScrub(c)) return *bad;
     for (uint64_t bytes : req.scratch_bytes) {
-      auto buf = DeviceBuffer::Alloc(bytes + 2 * kGuardBytes);
+      const size_t total = RoundToPage(bytes + 2 * kGuardBytes);
+      auto buf = DeviceBuffer::Alloc(total);
       if (!buf.ok()) return Fail("launch_error", "scratch of " + std::to_string(bytes) + " bytes: " + buf.status().message());
-      CUresult r = d_->cuMemsetD8(buf->get(), kGuardByte, bytes + 2 * kGuardBytes);
+      CUresult r = d_->cuMemsetD8(buf->get(), kGuardByte, total);
       if (r != CUDA_SUCCESS) return Fail("internal", "cuMemsetD8: " + d_->ErrorName(r));
       c.scratch.push_back(std::move(*buf));
       c.scratch_bytes.push_back(bytes);
@@ -294,9 +314,12 @@ class Worker {
   // the pad. An error reply, or nothing.
   std::optional<json> Prepare(bool timed) {
     Candidate& c = *cand_;
-    for (const auto& g : c.globals)
-      if (!g.bytes.empty() && d_->cuMemcpyHtoD(g.ptr, g.bytes.data(), g.bytes.size()) != CUDA_SUCCESS)
-        return Sticky("restoring globals");
+    // A fresh module for every run: every module-scope variable (__device__,
+    // __managed__, __constant__, .global declared in inline asm, whatever the
+    // PTX regex finds or not) starts from the image again.
+    if (!c.fresh)
+      if (auto bad = Reload(c)) return *bad;
+    c.fresh = false;
     for (size_t i = 0; i < c.scratch.size(); ++i) {
       CUdeviceptr p = c.scratch[i].get() + kGuardBytes;
       size_t words = c.scratch_bytes[i] / 4, tail = c.scratch_bytes[i] % 4;
@@ -313,7 +336,10 @@ class Worker {
       if (r != CUDA_SUCCESS) return Sticky("poisoning outputs");
     }
     ++runs_;
-    if (timed && flush_.get()) d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(runs_), flush_.bytes() / 4);
+    // Before every run, not only timed ones: the flush buffer is rewritten in full, so it keeps nothing either.
+    if (flush_.get() && d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(runs_), flush_.bytes() / 4) != CUDA_SUCCESS)
+      return Sticky("flushing L2");
+    if (auto bad = ScrubLocal()) return *bad;
     if (scrub_fn_) {
       uint32_t v = static_cast<uint32_t>(runs_ * 0x9E3779B9u);
       void* scrub_args[] = {&v};
@@ -388,15 +414,19 @@ class Worker {
   std::optional<json> AfterChecks(std::vector<std::string>* changed) {
     Candidate& c = *cand_;
     // Guard regions around scratch: a write past either end is a memory error.
-    std::string guard(kGuardBytes, '\0');
+    // The back guard runs to the allocation's end (its page's slack included).
     for (size_t i = 0; i < c.scratch.size(); ++i) {
-      for (size_t where : {size_t{0}, kGuardBytes + c.scratch_bytes[i]}) {
-        if (d_->cuMemcpyDtoH(guard.data(), c.scratch[i].get() + where, kGuardBytes) != CUDA_SUCCESS)
-          return Sticky("checking scratch guards");
-        for (char ch : guard)
-          if (static_cast<uint8_t>(ch) != kGuardByte)
-            return Fail("runtime_error", std::string("wrote ") + (where ? "past the end" : "before the start") +
-                                             " of scratch buffer #" + std::to_string(i));
+      const size_t back = kGuardBytes + c.scratch_bytes[i];
+      for (auto [where, bytes] : {std::pair<size_t, size_t>{0, kGuardBytes},
+                                  std::pair<size_t, size_t>{back, c.scratch[i].bytes() - back}}) {
+        auto n = CountNotGuard(c.scratch[i].get() + where, bytes);
+        if (!n) return Sticky("checking scratch guards");
+        if (*n) {
+          d_->cuMemsetD8(c.scratch[i].get() + where, kGuardByte, bytes);
+          return Fail("runtime_error", std::string("wrote ") + (where ? "past the end" : "before the start") +
+                                           " of scratch buffer #" + std::to_string(i) +
+                                           (where ? " (the guard runs to the end of its allocation)" : ""));
+        }
       }
     }
     // Module-scope variables must hold their load-time values again when the
@@ -410,6 +440,106 @@ class Worker {
       if (now != g.bytes) changed->push_back(g.name);
     }
     return std::nullopt;
+  }
+
+  // The module unloaded and loaded again from its image, its functions and
+  // globals looked up anew (a kernel's module-scope state dies with it).
+  std::optional<json> Reload(Candidate& c) {
+    if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("before reloading the module", r);
+    c.module = Module();
+    auto m = Module::Load(c.cubin);
+    if (!m.ok()) return Sticky("reloading the module");
+    c.module = std::move(*m);
+    for (LaunchSpec& s : c.launches) {
+      auto fn = c.module.Function(s.launch.kernel);
+      if (!fn.ok()) return Sticky("reloading " + s.launch.kernel);
+      s.fn = *fn;
+      if (Status st = PrepareFunction(*d_, s.fn, s.launch.shape, s.launch.kernel); !st.ok())
+        return Fail("launch_error", st.message(), true);
+    }
+    for (GlobalSnapshot& g : c.globals) {
+      size_t size = 0;
+      if (d_->cuModuleGetGlobal(&g.ptr, &size, c.module.get(), g.name.c_str()) != CUDA_SUCCESS || size != g.bytes.size())
+        return Sticky("finding global " + g.name + " after a reload");
+    }
+    return std::nullopt;
+  }
+
+  // The local-memory scrub kernels (helper module) and their launch shape:
+  // as many blocks as can be resident at once on every SM, so that every
+  // warp slot's local memory is written (ks_scrub_local waits until all
+  // blocks have arrived before it writes).
+  Status InitLocalScrub() {
+    auto b = DeviceBuffer::Alloc(kPage);
+    if (!b.ok()) return b.status();
+    scrub_counter_ = std::move(*b);
+    for (int i = 0; i < kScrubLocalSizes; ++i) {
+      KS_ASSIGN_OR_RETURN(scrub_local_[i], pad_module_.Function(kScrubLocalNames[i]));
+      int per_sm = 0;
+      if (CUresult r = d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, scrub_local_[i], kScrubLocalBlock, 0);
+          r != CUDA_SUCCESS || per_sm <= 0)
+        return Internal(std::string(kScrubLocalNames[i]) + ": no occupancy");
+      scrub_local_blocks_[i] = static_cast<unsigned>(per_sm) * std::max(1u, sms_);
+    }
+    auto cnt = pad_module_.Function("count_not_fill");
+    if (!cnt.ok()) return cnt.status();
+    count_not_fill_ = *cnt;
+    return Status::Ok();
+  }
+
+  // The scrub size for a candidate: at least every frame this context has
+  // run (the candidate's kernels' local memory plus the stack), as the
+  // driver sizes each thread's local window by the largest.
+  std::optional<json> ChooseLocalScrub(const Candidate& c) {
+    size_t stack = 0;
+    if (d_->cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE) != CUDA_SUCCESS) stack = 1024;
+    for (const LaunchSpec& s : c.launches) {
+      int local = 0;
+      d_->cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, s.fn);
+      local_need_ = std::max(local_need_, static_cast<size_t>(std::max(local, 0)) + stack);
+    }
+    scrub_local_index_ = 0;
+    while (scrub_local_index_ < kScrubLocalSizes && (size_t{1024} << scrub_local_index_) < local_need_)
+      ++scrub_local_index_;
+    if (scrub_local_index_ == kScrubLocalSizes)
+      return Fail("launch_error", "a kernel needs " + std::to_string(local_need_) +
+                                      " bytes of local memory per thread (stack included); at most 64 KiB can be "
+                                      "cleared between runs");
+    return std::nullopt;
+  }
+
+  // Local memory (stacks, spills) is not cleared between launches: every
+  // warp slot's whole local window is overwritten before every run.
+  std::optional<json> ScrubLocal() {
+    if (!scrub_counter_.get()) return std::nullopt;
+    if (d_->cuMemsetD32(scrub_counter_.get(), 0, scrub_counter_.bytes() / 4) != CUDA_SUCCESS)
+      return Sticky("resetting the local-memory scrub");
+    const int i = scrub_local_index_;
+    uint32_t v = static_cast<uint32_t>(runs_ * 0x85EBCA6Bu);
+    CUdeviceptr counter = scrub_counter_.get();
+    unsigned target = scrub_local_blocks_[i];
+    void* args[] = {&v, &counter, &target};
+    if (CUresult r = d_->cuLaunchKernel(scrub_local_[i], scrub_local_blocks_[i], 1, 1, kScrubLocalBlock, 1, 1, 0,
+                                        nullptr, args, nullptr);
+        r != CUDA_SUCCESS)
+      return Sticky("scrubbing local memory", r);
+    return std::nullopt;
+  }
+
+  // Bytes in [p, p + bytes) that are not the guard byte (a helper kernel; synchronous).
+  std::optional<uint64_t> CountNotGuard(CUdeviceptr p, size_t bytes) {
+    if (bytes == 0) return 0;
+    CUdeviceptr count = scrub_counter_.get() + kPage - 64;
+    if (d_->cuMemsetD8(count, 0, 8) != CUDA_SUCCESS) return std::nullopt;
+    unsigned long long n = bytes;
+    unsigned fill = kGuardByte;
+    void* args[] = {&p, &n, &fill, &count};
+    unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, 8 * std::max(1u, sms_)));
+    if (d_->cuLaunchKernel(count_not_fill_, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr) != CUDA_SUCCESS)
+      return std::nullopt;
+    uint64_t result = 0;
+    if (d_->cuMemcpyDtoH(&result, count, 8) != CUDA_SUCCESS) return std::nullopt;
+    return result;
   }
 
   json Sticky(const std::string& what, CUresult r = CUDA_ERROR_UNKNOWN) {
@@ -427,6 +557,14 @@ class Worker {
   uint64_t pad_ns_ = 0;
   CUfunction scrub_fn_ = nullptr;
   unsigned scrub_bytes_ = 0, scrub_blocks_ = 0;
+  static constexpr unsigned kScrubLocalBlock = 128;
+  unsigned sms_ = 0;
+  CUfunction scrub_local_[kScrubLocalSizes] = {};
+  unsigned scrub_local_blocks_[kScrubLocalSizes] = {};
+  int scrub_local_index_ = 0;
+  size_t local_need_ = 0;          // the largest local window (bytes per thread) this context has needed
+  DeviceBuffer scrub_counter_;     // the scrub's arrival counter; the guard count's result at its end
+  CUfunction count_not_fill_ = nullptr;
   Event start_, end_, after_;
   std::vector<Event> between_;  // split runs: one before the plan, one after each launch
   std::optional<Candidate> cand_;

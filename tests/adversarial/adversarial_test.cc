@@ -172,6 +172,77 @@ TEST(AdversarialTest, NoStateSurvivesInPaddingSharedMemoryOrTheHeap) {
   EXPECT_LE(ev->worker_heap_bytes(), 4u << 20);
 }
 
+// Issue 31: memos in the places a red team found. Each case tattles (writes
+// 0 where it finds its own mark from an earlier run), so state that survives
+// a run shows as wrong elements: a case may be refused for keeping state, or
+// pass, but is never "elements wrong". The scratch slack is guard now.
+TEST(AdversarialTest, NoMemoSurvivesInManagedAsmDeclaredConstantSlackOrLocalMemory) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
+  ASSERT_NE(ev, nullptr);
+  const std::vector<Expectation> cases = {
+      {"control_scale", "correct", ""},
+      {"38_memo_managed", "correct|incorrect", ""},
+      {"39_memo_asm_global", "correct|incorrect", ""},
+      {"40_memo_constant_bank", "correct|incorrect|runtime_error", ""},
+      {"41_memo_scratch_slack", "runtime_error", "past the end of scratch"},
+      {"42_memo_local_stack", "correct", ""},
+      {"control_scale", "correct", ""},
+  };
+  std::vector<Candidate> cands;
+  for (const auto& c : cases) {
+    auto cand = LoadCandidateFiles(CasePath(c.file), "");
+    ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
+    cands.push_back(*cand);
+  }
+  // Twice: the second batch runs in the same worker, after every memo had its chance.
+  for (int round = 0; round < 2; ++round) {
+    auto results = ev->EvaluateBatch(cands);
+    ASSERT_TRUE(results.ok()) << results.status().ToString();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const auto& c = cases[i];
+      const Evaluation& e = (*results)[i];
+      Row(c.file, c.statuses, e);
+      EXPECT_TRUE(StatusAccepted(c.statuses, e.status))
+          << c.file << ": expected " << c.statuses << ", got " << EvalStatusName(e.status) << ": " << e.message;
+      if (!c.message.empty()) EXPECT_THAT(e.message, ::testing::HasSubstr(c.message)) << c.file;
+      EXPECT_THAT(e.message, ::testing::Not(::testing::HasSubstr("elements wrong"))) << c.file << ": state survived";
+      if (e.status == EvalStatus::kIncorrect)
+        EXPECT_THAT(e.message, ::testing::HasSubstr("keeps state across runs")) << c.file;
+      if (e.correct() && c.file != "control_scale" && (*results)[0].timing && e.timing)
+        // Timed honestly: a memo that worked would be faster than the control.
+        EXPECT_GT(e.timing->median_ms, 0.9 * (*results)[0].timing->median_ms) << c.file;
+    }
+  }
+}
+
+// Issue 31: two plans that killed kernelsearch itself (SIGFPE; a stack
+// overflow while the plan was copied) are invalid plans, and the evaluator
+// judges the next candidate as if nothing happened.
+TEST(AdversarialTest, PlansThatCrashedTheProcessAreInvalidPlans) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"));
+  ASSERT_NE(ev, nullptr);
+  auto div = LoadCandidateFiles(CasePath("43_plan_int64_min_div"), "");
+  ASSERT_TRUE(div.ok()) << div.status().ToString();
+  auto control = LoadCandidateFiles(CasePath("control_scale"), "");
+  ASSERT_TRUE(control.ok());
+  Candidate mod = *div;
+  mod.plan_json = std::regex_replace(mod.plan_json, std::regex(R"(\) / -1)"), ") % -1");
+  // 150,000 nested arrays as an argument.
+  Candidate deep = *control;
+  deep.plan_json = R"({"launches": [{"kernel": "scale", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", )" +
+                   std::string(150000, '[') + std::string(150000, ']') + "]}]}";
+  auto r = ev->EvaluateBatch({*div, mod, deep, *control});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Row("43_plan_int64_min_div", "invalid_plan", (*r)[0]);
+  Row("43_plan_int64_min_mod", "invalid_plan", (*r)[1]);
+  Row("44_plan_150k_nested", "invalid_plan", (*r)[2]);
+  Row("control_scale", "correct", (*r)[3]);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ((*r)[i].status, EvalStatus::kInvalidPlan) << (*r)[i].message;
+  EXPECT_EQ((*r)[3].status, EvalStatus::kCorrect) << (*r)[3].message;
+}
+
 TEST(AdversarialTest, ModifyingAParameterIsCaught) {
   KS_REQUIRE_GPU();
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("layernorm_small.py"));

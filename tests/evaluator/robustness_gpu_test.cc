@@ -93,6 +93,53 @@ TEST(RobustnessGpuTest, ASplitPrecisionGemmIsCorrectButSpecialisedNamingTheTrans
   EXPECT_THAT(strict.message, HasSubstr("scale_up"));
 }
 
+// Issue 31: a kernel that recognises the shifted sets. When every set lay in
+// one arena, the distance from its input to its output said how many sets
+// came after it, and the shifted sets are the last ones: it took an exact
+// fp32 path there and the fp16 split on the judging sets, and was reported
+// robust. It must be specialised: one set is staged at a time, at the same
+// addresses, in an order drawn per candidate.
+constexpr const char* kShiftedSetDetector = R"CUDA(
+#include <cuda_fp16.h>
+extern "C" __global__ void detector_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                                         int n) {
+  int row = blockIdx.y * 16 + threadIdx.y, col = blockIdx.x * 16 + threadIdx.x;
+  if (row >= n || col >= n) return;
+  const long long set_bytes = 2 * (((long long)n * n * 4 + 255) / 256 * 256);
+  const long long distance = (const char*)C - (const char*)A;
+  const long long sets_after = distance / set_bytes - 1;
+  // Seven sets (three judging, four shifted): the last four are shifted.
+  const bool shifted = distance > set_bytes && sets_after >= 0 && sets_after <= 3;
+  float acc = 0.f;
+  for (int k = 0; k < n; ++k) {
+    float a = A[(size_t)row * n + k], b = B[(size_t)k * n + col];
+    if (shifted) {
+      acc = fmaf(a, b, acc);
+    } else {
+      __half ah = __float2half_rn(a), bh = __float2half_rn(b);
+      __half al = __float2half_rn(a - __half2float(ah)), bl = __float2half_rn(b - __half2float(bh));
+      acc += __half2float(ah) * __half2float(bh) + __half2float(ah) * __half2float(bl) +
+             __half2float(al) * __half2float(bh);
+    }
+  }
+  C[(size_t)row * n + col] = acc;
+}
+)CUDA";
+
+TEST(RobustnessGpuTest, AKernelThatLooksForTheShiftedSetsCannotFindThemAndIsSpecialised) {
+  KS_REQUIRE_GPU();
+  GpuEvaluator* ev = EvaluatorFor(GpuFixture("matmul_unit.py"));
+  ASSERT_NE(ev, nullptr);
+  for (int i = 0; i < 3; ++i) {  // the order is drawn anew for every candidate
+    Evaluation e = EvalOne(ev, kShiftedSetDetector, GemmPlan("detector_gemm"));
+    ASSERT_EQ(e.status, EvalStatus::kCorrect) << e.message;
+    ASSERT_TRUE(e.robustness.has_value());
+    EXPECT_TRUE(e.specialised()) << e.robustness->Summary();
+    EXPECT_EQ(e.robustness->broken_by, "scale_up");
+    std::printf("shifted-set detector: %s\n", e.robustness->Summary().c_str());
+  }
+}
+
 TEST(RobustnessGpuTest, AnHonestFp32GemmHoldsOnEveryTransform) {
   KS_REQUIRE_GPU();
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("matmul_unit.py"));

@@ -32,11 +32,58 @@ Signature Gemm(int64_t n, DType dtype, const std::string& cls) {
 }
 
 // What an H100 measured (bridge.py peaks): cuBLAS fp32 51, TF32 495, bf16 790.
+// Without an fp16 figure: the 3xTF32 path is the fastest fp32-accurate one.
 DevicePeaks H100() {
   DevicePeaks p;
   p.device = "NVIDIA H100 80GB HBM3";
-  p.tflops = {{"fp32", 51.0}, {"tf32", 495.0}, {"bf16", 790.0}, {"fp16", 780.0}};
+  p.tflops = {{"fp32", 51.0}, {"tf32", 495.0}, {"bf16", 790.0}};
   return p;
+}
+
+DevicePeaks H100WithFp16() {
+  DevicePeaks p = H100();
+  p.tflops["fp16"] = 780.0;
+  return p;
+}
+
+// Issue 36: the floor names the fastest method each contract admits. Under
+// highest a scaled 3xFP16 split is fp32-accurate at a third of the FP16 rate.
+TEST(RooflineTest, TheFp32FloorFollowsThePrecisionContract) {
+  const DevicePeaks peaks = H100WithFp16();
+  EXPECT_EQ(FastestFp32Path(peaks, Contract::kHighest).name, "3xFP16");
+  EXPECT_DOUBLE_EQ(FastestFp32Path(peaks, Contract::kHighest).tflops, 260.0);
+  EXPECT_EQ(FastestFp32Path(peaks, Contract::kHigh).name, "TF32");
+  EXPECT_DOUBLE_EQ(FastestFp32Path(peaks, Contract::kHigh).tflops, 495.0);
+  EXPECT_EQ(FastestFp32Path(peaks, Contract::kMedium).name, "BF16");
+  EXPECT_EQ(FastestFp32Path(peaks, Contract::kKernelBench).name, "BF16");  // 790 > 780
+  Roofline rf = PlanRoofline(Gemm(4096, DType::kFloat32, "fp32"), 3000, &peaks, 0, Contract::kHigh);
+  EXPECT_EQ(rf.fp32_path, "TF32");
+  EXPECT_THAT(RooflineFloorText(rf), HasSubstr("the fastest method the precision contract admits"));
+}
+
+// A kernel above 100% of its floor is a bug in the floor. The search's
+// robust 3xFP16 wgmma split ran at 143% of the 3xTF32 floor: under highest's
+// floor it is below 100%, and so is every method the contract admits.
+TEST(RooflineTest, NoKernelTheContractAdmitsBeatsItsFloor) {
+  const DevicePeaks peaks = H100WithFp16();
+  const double flops = 2.0 * 4096 * 4096 * 4096;
+  const double found_tflops = 1.43 * 495.0 / 3;  // the kernel the search found
+  Roofline rf = PlanRoofline(Gemm(4096, DType::kFloat32, "fp32"), 3000, &peaks, 0, Contract::kHighest);
+  FinishRoofline(flops / (found_tflops * 1e12) * 1e3, &rf);
+  EXPECT_LE(rf.fraction_of_floor, 1.0);
+  for (Contract c : {Contract::kHighest, Contract::kHigh, Contract::kMedium, Contract::kKernelBench}) {
+    Roofline r = PlanRoofline(Gemm(4096, DType::kFloat32, "fp32"), 3000, &peaks, 0, c);
+    // A kernel at the peak of any method the contract admits sits at 100% at most.
+    for (const char* method : {"fp32", "tf32", "bf16", "fp16"}) {
+      double rate = peaks.For(method);
+      if (std::string(method) == "tf32" && c == Contract::kHighest) rate /= 3;
+      if (std::string(method) == "fp16" && c != Contract::kKernelBench) rate /= 3;
+      if (std::string(method) == "bf16" && (c == Contract::kHighest || c == Contract::kHigh)) continue;
+      Roofline at = r;
+      FinishRoofline(flops / (rate * 1e12) * 1e3, &at);
+      EXPECT_LE(at.fraction_of_floor, 1.0 + 1e-12) << ContractName(c) << " " << method;
+    }
+  }
 }
 
 TEST(RooflineTest, Fp32PathIs3xTf32WhenFaster) {

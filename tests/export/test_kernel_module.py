@@ -49,7 +49,9 @@ def module(tmp_path_factory):
               "KERNELS": json.dumps(KERNELS), "RESOLVED": json.dumps(resolved),
               "NVRTC_OPTIONS": json.dumps(["--std=c++17"]), "PRELUDE_NAME": "ks_prelude.h",
               "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda", "TARGET": "sm_90a",
-              "ROBUSTNESS": json.dumps({"specialised": False, "broken_by": "", "checks": []})}
+              "ROBUSTNESS": json.dumps({"specialised": False, "broken_by": "", "checks": []}),
+              "JUDGE": json.dumps({"contract": "highest", "factor": 16.0, "highest_factor": 16.0, "bound_block": 256,
+                                   "kernelbench_atol": 0.01, "kernelbench_rtol": 0.01})}
     (d / "kernel_module.py").write_text(render((EXPORT_DIR / "kernel_module.py").read_text(), values))
     spec = importlib.util.spec_from_file_location("kernel_module", d / "kernel_module.py")
     mod = importlib.util.module_from_spec(spec)
@@ -61,7 +63,7 @@ def test_the_template_has_only_known_placeholders():
     text = (EXPORT_DIR / "kernel_module.py").read_text()
     assert set(re.findall(r"@@([A-Z_]+)@@", text)) == {
         "ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED", "NVRTC_OPTIONS",
-        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET", "ROBUSTNESS"}
+        "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET", "ROBUSTNESS", "JUDGE"}
 
 
 def test_the_values_arrive_as_they_were(module):
@@ -150,6 +152,29 @@ if __name__ == "__main__":
 
 def test_robustness_arrives(module):
     assert module.ROBUSTNESS == {"specialised": False, "broken_by": "", "checks": []}
+
+
+def test_check_judges_against_float64_with_pytorchs_own_error_per_block(module):
+    """issue 36: the block bound is 16x PyTorch's own |fp32 - fp64| in each
+    block of 256; an exact result passes where PyTorch itself is far off, and
+    kernelbench is allclose at 1e-2 and nothing else."""
+    import torch
+    truth = torch.randn(1024, dtype=torch.float64)
+    pt32 = truth.float()
+    pt32[300] += 1.0  # PyTorch is wrong in block 1 (elements 256..511)
+    bound = module._block_bound(pt32, truth)
+    assert bound.shape == truth.shape
+    assert float(bound[300]) >= 16 * 0.99 and float(bound[0]) < 1e-5
+    exact = truth.clone().float()
+    assert module.compare(exact, truth, "float32", bound=bound)["ok"]
+    like_pytorch = pt32.clone()
+    assert module.compare(like_pytorch, truth, "float32", bound=bound, own_rel_norm=module.compare(pt32, truth, "float32")["rel_norm"])["ok"]
+    off_elsewhere = exact.clone()
+    off_elsewhere[10] += 1.0  # far outside PyTorch's own error in block 0
+    assert not module.compare(off_elsewhere, truth, "float32", bound=bound)["ok"]
+    half = truth.half().float()
+    assert not module.compare(half, truth, "float32")["ok"]
+    assert module.compare(half, truth, "float32", contract="kernelbench")["ok"]
 
 
 def test_compare_follows_the_evaluators_rules(module):
