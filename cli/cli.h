@@ -13,6 +13,14 @@
 
 namespace ks::cli {
 
+// --precision's help, the same on eval, search, suite and submit.
+inline constexpr const char* kPrecisionHelp =
+    "the precision contract, under PyTorch's names (evaluator/judge/judge.h): highest (default: exact to fp32, "
+    "judged against the model run in float64 with 16x PyTorch's own float32 error per block of 256 elements), "
+    "high (TF32-class matmul and convolution error, as torch.set_float32_matmul_precision(\"high\")), medium "
+    "(bf16-class), kernelbench (KernelBench's atol = rtol = 1e-2 on the get_inputs() sets, speedups against the "
+    "faster of eager and torch.compile); fp32 and tf32 are aliases of highest and high";
+
 // Exit codes, documented in README.md.
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;   // the command ran; its answer is negative (candidate incorrect, check failed)

@@ -82,6 +82,7 @@ StatusOr<ReferenceData> ReferenceFromManifest(const json& j, const std::string& 
     if (const json* f = FieldIf(*t, "compiled", &json::is_object)) d.compiled = TimingFromJson(*f);
     if (const json* f = FieldIf(*t, "eager_fp32", &json::is_object)) d.eager_fp32 = TimingFromJson(*f);
   }
+  if (const json* f = FieldIf(j, "timing_precision", &json::is_string)) d.timing_precision = f->get<std::string>();
   if (const json* f = FieldIf(j, "warnings", &json::is_array))
     for (const auto& w : *f)
       if (w.is_string()) d.warnings.push_back(w.get<std::string>());

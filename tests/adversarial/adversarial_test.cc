@@ -148,6 +148,34 @@ TEST(AdversarialTest, EveryCheatIsRejectedAndTheControlPassesInTheSameBatch) {
   EXPECT_THAT(flood.worker_log, ::testing::HasSubstr("more bytes of worker output dropped"));
 }
 
+// Issue 36: every cheat is rejected under every precision contract, except
+// what a contract itself allows: half-precision arithmetic under kernelbench
+// (atol = rtol = 1e-2, KernelBench's own rule).
+TEST(AdversarialTest, EveryCheatIsRejectedUnderEveryContract) {
+  KS_REQUIRE_GPU();
+  for (const char* contract : {"high", "medium", "kernelbench"}) {
+    GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"), 3, /*run_timeout_s=*/3, /*compile_timeout_s=*/10, contract);
+    ASSERT_NE(ev, nullptr);
+    std::vector<Candidate> cands;
+    for (const auto& c : ScaleCases()) {
+      auto cand = LoadCandidateFiles(CasePath(c.file), "");
+      ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
+      cands.push_back(*cand);
+    }
+    auto results = ev->EvaluateBatch(cands);
+    ASSERT_TRUE(results.ok()) << results.status().ToString();
+    for (size_t i = 0; i < ScaleCases().size(); ++i) {
+      Expectation c = ScaleCases()[i];
+      if (c.file == "15_half_precision" && std::string(contract) == "kernelbench") c = {c.file, "correct", ""};
+      const Evaluation& e = (*results)[i];
+      Row(c.file + " (" + contract + ")", c.statuses, e);
+      EXPECT_TRUE(StatusAccepted(c.statuses, e.status)) << contract << " " << c.file << ": expected " << c.statuses
+                                                         << ", got " << EvalStatusName(e.status) << ": " << e.message;
+      if (!c.message.empty()) EXPECT_THAT(e.message, ::testing::HasSubstr(c.message)) << contract << " " << c.file;
+    }
+  }
+}
+
 // Issue 14: outputs smaller than atol must not be garbage. The control's
 // reductions run in another order than PyTorch's and must keep passing.
 TEST(AdversarialTest, LowerPrecisionAndSkippedSmallOutputsFailTheNormRules) {

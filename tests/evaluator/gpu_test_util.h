@@ -30,10 +30,12 @@ inline std::string CpuFixture(const std::string& name) {
 }
 
 // The evaluator for a fixture problem, created on first use. Asserts on failure.
+// `precision`: the contract it judges under (evaluator/judge/judge.h).
 inline GpuEvaluator* EvaluatorFor(const std::string& problem, int sets = 3, double run_timeout_s = 3,
-                                  double compile_timeout_s = 60) {
+                                  double compile_timeout_s = 60, const std::string& precision = "highest") {
   static std::map<std::string, std::unique_ptr<GpuEvaluator>> cache;
-  auto it = cache.find(problem);
+  const std::string key = problem + "|" + precision;
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second.get();
   ReferenceOptions ro;
   ro.sets = sets;
@@ -48,13 +50,14 @@ inline GpuEvaluator* EvaluatorFor(const std::string& problem, int sets = 3, doub
   go.run_timeout_s = run_timeout_s;
   go.target_timed_ms = 300;
   go.compile_timeout_s = compile_timeout_s;
+  go.precision = precision;
   auto ev = GpuEvaluator::Create(*ref, go);
   if (!ev.ok()) {
     ADD_FAILURE() << "evaluator for " << problem << ": " << ev.status().ToString();
     return nullptr;
   }
   GpuEvaluator* raw = ev->get();
-  cache[problem] = std::move(*ev);
+  cache[key] = std::move(*ev);
   return raw;
 }
 
