@@ -71,6 +71,7 @@ StatusOr<std::vector<std::unique_ptr<GpuEvaluator>>> MakeGpuEvaluatorsOn(const E
   ro.sets = a.sets;
   ro.device = "cuda";
   ro.time = true;
+  ro.precision = a.precision;  // the baselines timed under the contract judged under
   KS_ASSIGN_OR_RETURN(auto cache, ResolveCacheFlags(a.cache));
   std::tie(ro.cache_dir, ro.cache_cap) = cache;
   // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).

@@ -108,4 +108,33 @@ Status CheckSetComplete(const Signature& sig, const Map& tensors, uint64_t seed,
   return Status::Ok();
 }
 
+// The level eager and torch.compile are timed under (bridge.py reference
+// --precision): "high" or "medium" where ReferenceOptions::precision is that
+// contract (or an alias of it), "" for PyTorch's defaults (highest, kernelbench).
+std::string TimingLevel(const ReferenceOptions& opts);
+
+// What a reference cache entry's key is made of (reference_prep.cc): the
+// problem, the method (the bridge and the modules whose results it caches),
+// torch and the device.
+struct KeyFacts {
+  std::string problem_bytes;
+  std::string bridge_bytes;
+  std::string timing_bytes;
+  std::string transforms_bytes;
+  PythonInfo py;
+  bool on_cuda = false;
+  std::string device_kind;  // "cuda:<GPU model>" or "cpu"
+};
+
+// The hash in an entry's directory name; `kind` tells apart entries that are
+// not a reference (a resident reference's timings). TimingLevel is part of it
+// only where it changes the entry: timed on a GPU under high or medium (the
+// keys of highest and kernelbench, and every untimed one, are as before).
+std::string KeyHash(const KeyFacts& k, const ReferenceOptions& opts, bool timed, const std::string& kind = "");
+
+// bridge.py reference's arguments: the sets, and what the bridge may do after
+// the sizes (keep the reference on the GPU, time it, and under which level).
+std::vector<std::string> ReferenceArgs(const std::string& file, const ReferenceOptions& opts, bool on_cuda,
+                                       uint64_t min_bytes, bool may_stay, bool timing_cached);
+
 }  // namespace ks::bridge_internal

@@ -148,6 +148,9 @@ void GpuEvaluator::NamePrecisionContract(Evaluation& e) const {
   if (!differs) {
     e.baseline += "; PyTorch's defaults compute in full fp32 here as the reference does";
     return;
+  if (ref_.timing_precision == "high" || ref_.timing_precision == "medium")
+    e.baseline += "; eager and torch.compile timed under torch.set_float32_matmul_precision(\"" +
+                  ref_.timing_precision + "\") with cuDNN TF32 on";
   }
   e.baseline += "; PyTorch's defaults compute this problem's convolutions in TF32 (torch.backends.cudnn.allow_tf32); "
                 "eager_fp32 is eager with TF32 off";

@@ -107,6 +107,12 @@ struct ReferenceOptions {
   // distribution-shifted sets). -1, the default, prepares get_inputs()'s and
   // then one reference per variant the problem declares (ReferenceData::shape_variants).
   int shape_variant = -1;
+  // The precision contract judged under (judge.h names; an alias is taken as
+  // its canonical name). Under "high" and "medium" eager and torch.compile are
+  // timed with torch.set_float32_matmul_precision(that) and cuDNN TF32 on
+  // (bridge.py reference --precision), a cache entry of their own; under
+  // "highest" and "kernelbench" at PyTorch's defaults.
+  std::string precision = "highest";
 };
 
 // A tensor of a resident reference: where it lives in the bridge process's
@@ -219,6 +225,10 @@ struct ReferenceData {
   };
   std::map<std::string, PrecisionError> default_precision_error;
   std::optional<TimingStats> eager_fp32;  // eager with TF32 off; only where the defaults differ
+  // What eager and torch.compile were timed under (the manifest's
+  // "timing_precision"): "high" or "medium" (ReferenceOptions::precision),
+  // "default" for PyTorch's defaults, "" for a manifest without it (defaults too).
+  std::string timing_precision;
   // Other shapes: how many input lists the problem's get_inputs_variants()
   // returns (0 without one, as in KernelBench), and, for a reference of
   // get_inputs(), the reference of each (two sets each, untimed): a candidate

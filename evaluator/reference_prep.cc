@@ -150,18 +150,6 @@ std::string InputShapes(const Signature& sig) {
   return out;
 }
 
-// What a cache entry's key is made of: the problem, the method (the bridge and
-// the modules whose results it caches), torch and the device.
-struct KeyFacts {
-  std::string problem_bytes;
-  std::string bridge_bytes;
-  std::string timing_bytes;
-  std::string transforms_bytes;
-  PythonInfo py;
-  bool on_cuda = false;
-  std::string device_kind;  // "cuda:<GPU model>" or "cpu"
-};
-
 // Every module of a Python package directory, in name order, as
 // length-prefixed name and content fields appended to *out.
 Status AppendPackageBytes(const fs::path& dir, std::string* out) {
@@ -215,9 +203,15 @@ StatusOr<KeyFacts> ReadKeyFacts(const std::string& file, const ReferenceOptions&
   return k;
 }
 
-// The hash in an entry's directory name; `kind` tells apart entries that are
-// not a reference (a resident reference's timings).
-std::string KeyHash(const KeyFacts& k, const ReferenceOptions& opts, bool timed, const std::string& kind = "") {
+}  // namespace
+
+std::string bridge_internal::TimingLevel(const ReferenceOptions& opts) {
+  const std::string level = CanonicalContract(opts.precision);
+  return level == "high" || level == "medium" ? level : "";
+}
+
+std::string bridge_internal::KeyHash(const KeyFacts& k, const ReferenceOptions& opts, bool timed,
+                                     const std::string& kind) {
   std::string key = "kernelsearch-reference-v1\n";
   if (!kind.empty()) AddKeyField(key, "kind", kind);
   AddKeyField(key, "problem", k.problem_bytes);
@@ -230,8 +224,13 @@ std::string KeyHash(const KeyFacts& k, const ReferenceOptions& opts, bool timed,
   AddKeyField(key, "torch", k.py.torch_version);
   AddKeyField(key, "timed", timed && k.on_cuda ? "1" : "0");
   if (opts.shape_variant >= 0) AddKeyField(key, "shape variant", std::to_string(opts.shape_variant));
+  // Only where the timings differ: the entries of highest and kernelbench stay valid.
+  if (const std::string level = TimingLevel(opts); timed && k.on_cuda && !level.empty())
+    AddKeyField(key, "timing precision", level);
   return Sha256Hex(key).substr(0, 32);
 }
+
+namespace {
 
 // Where a reference's cache entries live, and the cache's cap.
 struct EntryPlace {
@@ -262,10 +261,11 @@ std::optional<ReferenceData> FromCache(const std::vector<fs::path>& usable,
   return std::nullopt;
 }
 
-// bridge.py reference's arguments: the sets, and what the bridge may do after
-// the sizes (keep the reference on the GPU, time it).
-std::vector<std::string> ReferenceArgs(const std::string& file, const ReferenceOptions& opts, bool on_cuda,
-                                       uint64_t min_bytes, bool may_stay, bool timing_cached) {
+}  // namespace
+
+std::vector<std::string> bridge_internal::ReferenceArgs(const std::string& file, const ReferenceOptions& opts,
+                                                        bool on_cuda, uint64_t min_bytes, bool may_stay,
+                                                        bool timing_cached) {
   std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
   if (opts.shape_variant >= 0) {
@@ -284,8 +284,14 @@ std::vector<std::string> ReferenceArgs(const std::string& file, const ReferenceO
   } else if (opts.time && on_cuda) {
     args.push_back("--time");  // timing to come: the bridge starts torch.compile's warm-up at once
   }
+  if (const std::string level = TimingLevel(opts); opts.time && on_cuda && !level.empty()) {
+    args.push_back("--precision");  // eager and torch.compile (the helper too) timed under it
+    args.push_back(level);
+  }
   return args;
 }
+
+namespace {
 
 // A reference the bridge keeps on the GPU: its timings from the cache when
 // they were there, else its fresh timings cached (only the manifest, kilobytes).
@@ -300,6 +306,7 @@ ReferenceData FinishResident(ReferenceData d, json answer, double signature_s, c
       d.eager = from->eager;
       d.compiled = from->compiled;
       d.eager_fp32 = from->eager_fp32;
+      d.timing_precision = from->timing_precision;
       d.phases.emplace_back("eager and torch.compile timing: from the cache", 0);
       TouchCacheEntry(place.timing_dir.string());
     }

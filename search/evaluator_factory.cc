@@ -92,6 +92,7 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     ro.device = "cuda";
     ro.time = true;
     ro.seed = options.reference_seed;
+    ro.precision = options.precision;  // the baselines timed under the contract judged under
     // Sets beyond what the GPU holds are not prepared (at least 2; a warning
     // says so): one reference serves every GPU, so the smallest free memory counts.
     for (int d : devices) {

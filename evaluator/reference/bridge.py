@@ -11,7 +11,7 @@ problem prints goes to stderr so it cannot corrupt that object):
   signature PROBLEM.py [--device D]
       the signature (names, dtypes, shapes) that SignatureFromJson in
       evaluator/signature.cc reads.
-  reference PROBLEM.py --out DIR --sets K --seed S [--device D] [--time]
+  reference PROBLEM.py --out DIR --sets K --seed S [--device D] [--time] [--precision high|medium]
       reference inputs, parameters and outputs as raw little-endian bytes, and
       DIR/manifest.json (written last, atomically); prints the manifest. A
       set's floating output holds the model's float64 result in the output's
@@ -36,8 +36,11 @@ problem prints goes to stderr so it cannot corrupt that object):
       reference --out does and prints the manifest. EOF instead of the line
       ends it quietly.
       With --time and --device cuda, torch.compile's timing is done by a
-      helper started at once (time-compiled, below).
-  time-compiled PROBLEM.py --seed S --sets K --device cuda
+      helper started at once (time-compiled, below). With --precision LEVEL
+      (a precision contract, high or medium) eager and torch.compile are
+      timed with torch.set_float32_matmul_precision(LEVEL) and cuDNN TF32 on,
+      the manifest's "timing_precision" saying so ("default" otherwise).
+  time-compiled PROBLEM.py --seed S --sets K --device cuda [--precision LEVEL]
       the helper of CompileHelper: compiles torch.compile(model) while the
       reference is computed, prints {"compiled": true}, waits for a line on
       stdin, then times the compiled model (timing.py) and prints the figures.
@@ -67,6 +70,7 @@ from ks_bridge.flops import count_flops
 from ks_bridge.problem_file import Problem, resolve_device
 from ks_bridge.reference_sets import run_reference, write_manifest
 from ks_bridge.resident import _Resident, _spec_bytes, fit_resident
+from ks_bridge.rounding import TIMING_LEVELS
 from ks_bridge.signature import _signature_on_meta, input_specs, make_signature, output_specs, parameter_specs
 
 # What the tests (tests/evaluator/bridge) reach through this module.
@@ -139,7 +143,8 @@ def cmd_reference(problem, args):
                 if req is None:
                     return None
                 out, sets, do_time, room = req
-                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room)
+                manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room,
+                                         timing_level=args.precision)
                 write_manifest(out, manifest)
                 return manifest
             plain, why = fit_resident(sig, args.sets, args.device_budget)
@@ -159,7 +164,7 @@ def cmd_reference(problem, args):
             room = args.transform_sets
         _RESIDENT = _Resident()
         manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
-                                 transform_room=room)
+                                 transform_room=room, timing_level=args.precision)
         manifest["resident"] = True
         if warning:
             manifest["warnings"].insert(0, warning)
@@ -167,7 +172,7 @@ def cmd_reference(problem, args):
     if not args.out:
         raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident / --then-files)")
     manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time,
-                             transform_room=args.transform_sets)
+                             transform_room=args.transform_sets, timing_level=args.precision)
     write_manifest(args.out, manifest)
     return manifest
 
@@ -230,6 +235,10 @@ def _parser():
             s.add_argument("--device-budget", type=int, default=0)
             # Room for this many distribution-shifted sets (transforms.py); 0: none.
             s.add_argument("--transform-sets", type=int, default=4)
+        if name in ("reference", "time-compiled"):
+            # Eager and torch.compile timed under a precision contract's level
+            # (torch.set_float32_matmul_precision(level), cuDNN TF32 on); absent: PyTorch's defaults.
+            s.add_argument("--precision", default=None, choices=list(TIMING_LEVELS))
         if name in ("signature", "reference"):
             # The problem's input list I of get_inputs_variants() instead of get_inputs() (other shapes).
             s.add_argument("--variant", type=int, default=None)

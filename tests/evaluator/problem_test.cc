@@ -1,6 +1,7 @@
 // Tests of the reference bridge through its C++ API (evaluator/problem.h) and
 // through the real `kernelsearch problem` binary. They run the bridge with a
 // real python3 + torch (CPU is enough); without one they skip, saying why.
+#include "evaluator/bridge_internal.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 #include "evaluator/reference_cache.h"
@@ -11,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1342,6 +1344,98 @@ TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
   SubprocessResult bad = RunCli({"cache", "list", "--cache-cap", "lots"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--cache-cap"));
+}
+
+// ---- The precision the baselines are timed under (issue 36) ----------------------------
+
+bridge_internal::KeyFacts GpuKeyFacts() {
+  bridge_internal::KeyFacts k;
+  k.problem_bytes = "class Model: ...";
+  k.bridge_bytes = "bridge.py";
+  k.timing_bytes = "timing.py";
+  k.transforms_bytes = "transforms.py";
+  k.py.torch_version = "2.5.1";
+  k.on_cuda = true;
+  k.device_kind = "cuda:NVIDIA H100 80GB HBM3";
+  return k;
+}
+
+std::string KeyUnder(const bridge_internal::KeyFacts& k, const std::string& precision, bool timed = true,
+                     const std::string& kind = "") {
+  ReferenceOptions o;
+  o.precision = precision;
+  return bridge_internal::KeyHash(k, o, timed, kind);
+}
+
+TEST(ReferenceKeyTest, HighestAndKernelBenchKeepTheKeysOfExistingEntries) {
+  const bridge_internal::KeyFacts k = GpuKeyFacts();
+  // The key as it was before contracts timed their own baselines (length-prefixed fields).
+  auto field = [](const std::string& name, const std::string& value) {
+    return name + ":" + std::to_string(value.size()) + ":" + value + "\n";
+  };
+  const std::string before = "kernelsearch-reference-v1\n" + field("problem", k.problem_bytes) + field("sets", "3") +
+                             field("seed", "42") + field("device", k.device_kind) + field("bridge", k.bridge_bytes) +
+                             field("timing", k.timing_bytes) + field("transforms", k.transforms_bytes) +
+                             field("torch", k.py.torch_version) + field("timed", "1");
+  EXPECT_EQ(KeyUnder(k, "highest"), Sha256Hex(before).substr(0, 32));
+  for (const char* same : {"kernelbench", "fp32"}) EXPECT_EQ(KeyUnder(k, same), KeyUnder(k, "highest")) << same;
+}
+
+TEST(ReferenceKeyTest, HighAndMediumTimedOnAGpuAreEntriesOfTheirOwn) {
+  bridge_internal::KeyFacts k = GpuKeyFacts();
+  EXPECT_NE(KeyUnder(k, "high"), KeyUnder(k, "highest"));
+  EXPECT_NE(KeyUnder(k, "medium"), KeyUnder(k, "highest"));
+  EXPECT_NE(KeyUnder(k, "medium"), KeyUnder(k, "high"));
+  EXPECT_EQ(KeyUnder(k, "tf32"), KeyUnder(k, "high"));  // the alias is the contract
+  // A resident reference's cached timings too.
+  EXPECT_NE(KeyUnder(k, "high", true, "resident timing"), KeyUnder(k, "highest", true, "resident timing"));
+  // Untimed, or on the CPU (never timed), the entry is the same: truth and bounds do not depend on it.
+  EXPECT_EQ(KeyUnder(k, "high", false), KeyUnder(k, "highest", false));
+  k.on_cuda = false;
+  k.device_kind = "cpu";
+  EXPECT_EQ(KeyUnder(k, "medium"), KeyUnder(k, "highest"));
+}
+
+TEST(ReferenceKeyTest, TheBridgeIsToldTheLevelWhenItTimesOnAGpu) {
+  auto level = [](const std::string& precision, bool time, bool on_cuda, bool may_stay) {
+    ReferenceOptions o;
+    o.precision = precision;
+    o.time = time;
+    const std::vector<std::string> args =
+        bridge_internal::ReferenceArgs("p.py", o, on_cuda, uint64_t{1} << 30, may_stay, /*timing_cached=*/false);
+    auto it = std::find(args.begin(), args.end(), "--precision");
+    return it == args.end() ? std::string("absent") : it + 1 == args.end() ? std::string("no value") : *(it + 1);
+  };
+  for (bool may_stay : {false, true}) {
+    EXPECT_EQ(level("high", true, true, may_stay), "high");
+    EXPECT_EQ(level("tf32", true, true, may_stay), "high");
+    EXPECT_EQ(level("medium", true, true, may_stay), "medium");
+    for (const char* defaults : {"highest", "kernelbench", "fp32"})
+      EXPECT_EQ(level(defaults, true, true, may_stay), "absent") << defaults;
+    EXPECT_EQ(level("high", false, true, may_stay), "absent");  // not timed
+  }
+  EXPECT_EQ(level("high", true, false, false), "absent");  // the CPU: never timed
+}
+
+TEST(ReferenceKeyTest, TheManifestSaysWhatTheBaselinesWereTimedUnder) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path());
+  o.precision = "high";
+  auto d = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->timing_precision, "default");  // the CPU: not timed
+  auto text = ReadFile(d->dir + "/manifest.json");
+  ASSERT_TRUE(text.ok());
+  nlohmann::json j = nlohmann::json::parse(*text);
+  j["timing_precision"] = "high";
+  auto high = bridge_internal::ReferenceFromManifest(j, "manifest");
+  ASSERT_TRUE(high.ok()) << high.status().message();
+  EXPECT_EQ(high->timing_precision, "high");
+  j.erase("timing_precision");  // a manifest from before
+  auto old = bridge_internal::ReferenceFromManifest(j, "manifest");
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ(old->timing_precision, "");
 }
 
 }  // namespace

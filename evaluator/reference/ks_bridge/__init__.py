@@ -8,7 +8,8 @@ called, so that a missing torch is reported by bridge.py's main):
   signature       inputs, parameters and outputs by name, dtype and shape
   flops           the FLOP count for the compute floor
   judge           the judging constants shared with the C++ evaluator (tolerances, contracts, bound blocks)
-  rounding        the float64 run's machinery and budget, PyTorch's default precision (TF32)
+  rounding        the float64 run's machinery and budget, PyTorch's default precision (TF32),
+                  the settings a baseline is timed under per precision contract
   truth           each set's float64 truth and PyTorch's per-block error from it per precision level
   checks          tolerance, degenerate and near-degenerate outputs, determinism
   resident        references kept on the GPU (CUDA IPC) and how many sets fit

@@ -8,6 +8,7 @@ import sys
 from ks_bridge.errors import _answer_line, _first_line, _human
 from ks_bridge.problem_file import resolve_device
 from ks_bridge.resident import _spec_bytes, fit_resident
+from ks_bridge.rounding import timing_precision
 from ks_bridge.signature import _signature_on_meta, input_specs, output_specs, parameter_specs
 
 
@@ -33,7 +34,10 @@ class CompileHelper:
     Timer.measure, warm-up included; compilation was never inside a measured
     call). Where the helper skips (too little GPU memory beside the
     reference, no torch.compile) or fails, this process compiles and times as
-    it would without it. The helper dies with this process.
+    it would without it. The helper dies with this process. Under a
+    precision contract's level (reference --precision high/medium) it
+    compiles and times with that level's settings (rounding.timing_precision),
+    as this process times eager.
     """
 
     def __init__(self, proc):
@@ -53,8 +57,9 @@ class CompileHelper:
                 pass
 
         try:
+            level = ["--precision", args.precision] if getattr(args, "precision", None) else []
             proc = subprocess.Popen([sys.executable, _BRIDGE_PY, "time-compiled", args.problem,
-                                     "--seed", str(args.seed), "--sets", str(args.sets), "--device", "cuda"],
+                                     "--seed", str(args.seed), "--sets", str(args.sets), "--device", "cuda"] + level,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         except OSError:
             return None
@@ -98,7 +103,8 @@ def cmd_time_compiled(problem, args):
     """The helper of CompileHelper (see there): {"skip": why} when it does
     not fit beside the reference or torch cannot compile; else
     {"compiled": true} as an intermediate line, then, after a line on stdin,
-    {"timing": timing.py's figures for torch.compile(model)}."""
+    {"timing": timing.py's figures for torch.compile(model)}, compiled and
+    timed under --precision's level when one is given."""
     import torch
     import timing as ks_timing
     if not hasattr(torch, "compile"):
@@ -126,16 +132,17 @@ def cmd_time_compiled(problem, args):
                 % _human(par + k * inp + 2 * out)}
     model = problem.build_model(args.seed, device)
     sets = [problem.inputs(args.seed + 1 + i, device) for i in range(k)]
-    try:
-        compiled = torch.compile(model)
+    with timing_precision(getattr(args, "precision", None)):
+        try:
+            compiled = torch.compile(model)
+            with torch.no_grad():
+                compiled(*sets[0])
+            torch.cuda.synchronize(device)
+        except Exception as e:  # noqa: BLE001 - the reference process compiles again and reports it
+            return {"skip": "torch.compile failed here: %s: %s" % (type(e).__name__, _first_line(e, 200))}
+        _answer_line({"compiled": True})
+        if not sys.stdin.readline().strip():
+            return {"skip": "cancelled"}
         with torch.no_grad():
-            compiled(*sets[0])
-        torch.cuda.synchronize(device)
-    except Exception as e:  # noqa: BLE001 - the reference process compiles again and reports it
-        return {"skip": "torch.compile failed here: %s: %s" % (type(e).__name__, _first_line(e, 200))}
-    _answer_line({"compiled": True})
-    if not sys.stdin.readline().strip():
-        return {"skip": "cancelled"}
-    with torch.no_grad():
-        stats = ks_timing.Timer(device).measure(compiled, sets)
+            stats = ks_timing.Timer(device).measure(compiled, sets)
     return {"timing": stats}

@@ -17,7 +17,7 @@ from ks_bridge.errors import BridgeError
 from ks_bridge.flops import count_flops
 from ks_bridge.problem_file import _restore_state, _seed_everything, _state_snapshot, resolve_device
 from ks_bridge.resident import _fingerprint, _keep_inputs_pristine, _same_data, _with_scalars
-from ks_bridge.rounding import measure_default_precision
+from ks_bridge.rounding import measure_default_precision, timing_precision
 from ks_bridge.signature import _dtype_name, input_specs, make_signature, output_specs, parameter_specs
 from ks_bridge.truth import compute_truth, ill_conditioned_note, rounding_notes
 
@@ -81,7 +81,8 @@ def _fits_for_timing(kept_bytes, new_bytes, device):
     return kept_bytes + new_bytes <= 0.3 * free
 
 
-def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None):
+def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None,
+                  timing_level=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
     or keeps them on the GPU when `resident` (a _Resident) is given; then up
     to `transform_room` distribution-shifted sets (transforms.py,
@@ -89,12 +90,14 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
 
     Returns the manifest dict (without "files" when out_dir is None; with "ipc"
     per set when resident). torch.compile is timed by the CompileHelper
-    when one runs (reference --time), else here.
+    when one runs (reference --time), else here; both baselines under
+    `timing_level` ("high", "medium": rounding.timing_precision; None:
+    PyTorch's defaults), which the manifest names ("timing_precision").
     """
     import torch  # noqa: F401 - as before the split: torch first, then the arguments
     if sets < 1:
         raise BridgeError("bad_arguments", "--sets must be at least 1")
-    run = _ReferenceRun(problem, out_dir, sets, seed, do_time, resident)
+    run = _ReferenceRun(problem, out_dir, sets, seed, do_time, resident, timing_level)
     run.build_model(device_name)
     for i in range(sets):
         run.run_set(i)
@@ -112,10 +115,12 @@ class _ReferenceRun:
     """One reference in the making: run_reference's phases, in order, and what
     they share (the model, the signature found so far, the sets, warnings)."""
 
-    def __init__(self, problem, out_dir, sets, seed, do_time, resident):
+    def __init__(self, problem, out_dir, sets, seed, do_time, resident, timing_level=None):
         import time
         self.problem, self.out_dir, self.sets, self.seed = problem, out_dir, sets, seed
         self.do_time, self.resident = do_time, resident
+        self.timing_level = timing_level
+        self.timing_precision = "default"  # what the baselines were timed under, once they are
         self.phases = {}
         self._clock = time.monotonic()
         self.files_params, self.ipc_params = {}, {}
@@ -348,8 +353,10 @@ class _ReferenceRun:
         self.phase("distribution-shifted input sets")
 
     def time(self):
-        """Eager and torch.compile timing at PyTorch's default precision (and
-        eager in fp32 too where the defaults differ), on a GPU when asked."""
+        """Eager and torch.compile timing at PyTorch's default precision, or
+        under the precision contract's level (timing_level: high or medium, the
+        helper told the same by bridge.py), and eager in fp32 too where the
+        defaults differ, on a GPU when asked."""
         import time
         import torch
         if self.do_time and self.device.type == "cuda":
@@ -370,17 +377,20 @@ class _ReferenceRun:
                 self.timing_sets = [_with_scalars(self.problem, self.sig_inputs, t) for t in self.timing_sets
                                     if t is not None]
             timing_sets = self.timing_sets
-            eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device,
-                                                                    compile_model=not ready, phases=phases)
-            if ready:
-                # The helper measures while this process waits: the GPU is one
-                # process's at a time whenever something is timed.
-                t0 = time.monotonic()
-                compiled, note = helper.time_compiled()
-                phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
-                if note:  # it failed after compiling: timed here, as without a helper
-                    self.notes.add_plain(note)
-                    eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device, phases=phases)
+            with timing_precision(self.timing_level):
+                eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device,
+                                                                        compile_model=not ready, phases=phases)
+                if ready:
+                    # The helper measures while this process waits: the GPU is one
+                    # process's at a time whenever something is timed.
+                    t0 = time.monotonic()
+                    compiled, note = helper.time_compiled()
+                    phases["torch.compile timing (helper process, compiled before)"] = time.monotonic() - t0
+                    if note:  # it failed after compiling: timed here, as without a helper
+                        self.notes.add_plain(note)
+                        eager, compiled, timing_warnings = ks_timing.time_model(model, timing_sets, device,
+                                                                                phases=phases)
+            self.timing_precision = self.timing_level or "default"
             eager_fp32 = None
             if self.default_error:
                 # The defaults compute in TF32 here: eager at the precision the
@@ -437,6 +447,9 @@ class _ReferenceRun:
             "torch": torch.__version__,
             "sets": self.manifest_sets,
             "timing": self.timing,
+            # What eager and torch.compile were timed under: "high" or "medium"
+            # (torch.set_float32_matmul_precision(level), cuDNN TF32 on), else "default".
+            "timing_precision": self.timing_precision,
             "warnings": self.warnings.messages(sets),
             "degenerate": degenerate,
             "notes": self.notes.messages(sets),

@@ -1,7 +1,9 @@
 """The float64 machinery (the same model and input set in float64, its
 time and memory budget: truth.py runs it on every set) and the distance of
-PyTorch's default precision (TF32) from the fp32 reference."""
+PyTorch's default precision (TF32) from the fp32 reference; the settings a
+baseline is timed under (timing_precision)."""
 
+import contextlib
 import math
 
 from ks_bridge.errors import BridgeError, CHUNK_ELEMENTS
@@ -107,6 +109,40 @@ def _forward_float64(problem, model, set_seed, device, make_inputs=None):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return problem._outputs(result)
+
+
+# The precision contracts whose baselines are timed with lower-precision
+# matmuls and convolutions (issue 36): torch.set_float32_matmul_precision(level)
+# with cuDNN TF32 on. Under the others (highest, kernelbench) eager and
+# torch.compile are timed at PyTorch's defaults.
+TIMING_LEVELS = ("high", "medium")
+
+
+@contextlib.contextmanager
+def timing_precision(level):
+    """PyTorch's settings for timing a baseline under precision contract
+    `level` ("high" or "medium": torch.set_float32_matmul_precision(level) and
+    torch.backends.cudnn.allow_tf32 = True; None: left as they are), the
+    previous settings restored afterwards. torch.compile reads them when it
+    compiles, so it compiles inside as well as times."""
+    import torch
+    if level is None:
+        yield
+        return
+    if level not in TIMING_LEVELS:
+        raise BridgeError("bad_arguments", "timing precision must be one of %s, not %r" % (", ".join(TIMING_LEVELS),
+                                                                                          level))
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
+             torch.backends.cuda.matmul.allow_tf32)
+    try:
+        torch.set_float32_matmul_precision(level)
+        torch.backends.cudnn.allow_tf32 = True
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+        if torch.backends.cuda.matmul.allow_tf32 != saved[2]:  # where the two are not one setting
+            torch.backends.cuda.matmul.allow_tf32 = saved[2]
 
 
 def measure_default_precision(problem, model, snapshot, set_seed, device, outputs, tf32_defaults):
