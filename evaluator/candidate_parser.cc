@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "evaluator/plan/launch_plan.h"
 
 namespace ks {
 namespace {
@@ -78,6 +79,13 @@ bool DeclaresKernel(const std::string& body) { return body.find("__global__") !=
 
 bool IsPlanObject(const nlohmann::json& j) { return j.is_object() && j.contains("launches"); }
 
+// A block past the plan limits (launch_plan.h) is never parsed here; one that
+// names "launches" is taken as the plan, so that the evaluator refuses it as
+// invalid_plan with the limit it breaks and the search goes on.
+bool OverLimitPlan(const std::string& body) {
+  return !CheckPlanText(body).ok() && body.find("\"launches\"") != std::string::npos;
+}
+
 // Bare JSON objects with "launches" in text outside fences: scan balanced braces.
 std::optional<std::string> BarePlan(const std::string& text) {
   std::optional<std::string> found;
@@ -97,7 +105,12 @@ std::optional<std::string> BarePlan(const std::string& text) {
       else if (c == '{') ++depth;
       else if (c == '}' && --depth == 0) {
         std::string cand = text.substr(i, j - i + 1);
-        auto j2 = nlohmann::json::parse(cand, nullptr, false);
+        if (OverLimitPlan(cand)) {  // the evaluator refuses it (invalid_plan), naming the limit
+          found = cand;
+          i = j;
+          break;
+        }
+        auto j2 = CheckPlanText(cand).ok() ? nlohmann::json::parse(cand, nullptr, false) : nlohmann::json();
         if (!j2.is_discarded() && IsPlanObject(j2)) {
           found = cand;
           i = j;
@@ -124,13 +137,19 @@ StatusOr<Candidate> ParseCandidateMarkdown(const std::string& text) {
       if (DeclaresKernel(b.body)) cuda = &b;
     }
     if (b.lang == "json" || b.lang == "jsonc" || b.lang.empty()) {
+      if (OverLimitPlan(b.body)) {
+        plan = b.body;
+        plan_error.clear();
+        continue;
+      }
+      if (!CheckPlanText(b.body).ok()) continue;
       auto j = nlohmann::json::parse(b.body, nullptr, false);
       if (j.is_discarded()) {
         if (b.lang.rfind("json", 0) == 0) {
           // Keep the parser's own message: it says where the JSON breaks.
           try {
             (void)nlohmann::json::parse(b.body);
-          } catch (const nlohmann::json::parse_error& e) {
+          } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
             plan_error = std::string("launch-plan block is not valid JSON: ") + e.what();
           }
         }

@@ -7,7 +7,15 @@ rules, as in the evaluator:
 - expressions: integers, + - * / % (C semantics: / truncates toward zero, %
   takes the dividend's sign), parentheses, unary minus, cdiv(a, b), min(...),
   max(...), <tensor>.shape[i] (negative i counts from the end), <tensor>.numel,
-  integer scalar inputs by name; 64-bit overflow is an error;
+  integer scalar inputs by name; every edge of int64 is an error: overflow of
+  any operator (INT64_MIN / -1 and INT64_MIN % -1 included), a literal or a
+  JSON integer beyond int64, more than MAX_EXPR_CHARS characters or
+  MAX_EXPR_DEPTH levels of nesting;
+- limits on the plan (evaluator/plan/launch_plan.h): its text at most
+  MAX_PLAN_BYTES and MAX_PLAN_DEPTH levels of [ {, checked on the text before
+  it is parsed (parse_plan), and at most MAX_LAUNCHES launches,
+  MAX_ARGS_PER_LAUNCH args a launch, MAX_SCRATCH_BUFFERS scratch buffers and
+  MAX_TENSOR_MAPS tensor maps;
 - an argument names a scratch buffer or a tensor (passed as a pointer; the
   parameter must be 64-bit), a scalar input (its value), a float literal string
   ("0.00001"), a JSON number, or an integer expression;
@@ -25,6 +33,14 @@ INT64_MAX = (1 << 63) - 1
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 MAX_SCRATCH_BYTES = 16 << 30
 MAX_LAUNCHES = 64
+MAX_PLAN_BYTES = 64 << 10
+MAX_PLAN_DEPTH = 8
+MAX_ARGS_PER_LAUNCH = 128
+MAX_SCRATCH_BUFFERS = 32
+MAX_TENSOR_MAPS = 32
+MAX_EXPR_CHARS = 4096
+MAX_EXPR_DEPTH = 32
+UINT64_MAX = (1 << 64) - 1
 MAX_CLUSTER_SIZE = 16
 _GRID_MAX = (2147483647, 65535, 65535)
 _BLOCK_MAX = (1024, 1024, 64)
@@ -62,9 +78,92 @@ def _numel(entry):
     return n
 
 
+def check_plan_text(text):
+    """The guard before plan text is parsed: at most MAX_PLAN_BYTES bytes and
+    MAX_PLAN_DEPTH levels of [ { outside strings (a flat scan, as CheckPlanText)."""
+    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
+    if size > MAX_PLAN_BYTES:
+        raise PlanError("launch plan is %d bytes; the limit is %d" % (size, MAX_PLAN_BYTES))
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    depth, in_string, escaped = 0, False, False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_PLAN_DEPTH:
+                raise PlanError("launch plan nests [ ] and { } deeper than %d levels" % MAX_PLAN_DEPTH)
+        elif c in "]}" and depth > 0:
+            depth -= 1
+
+
+def _json_float(s):
+    # As the evaluator's JSON parser: a number beyond double ("1e999") is an error.
+    v = float(s)
+    if v in (float("inf"), float("-inf")):
+        raise PlanError("launch plan is not valid JSON: number overflow parsing '%s'" % s[:40])
+    return v
+
+
+def _json_int(s):
+    # As the evaluator's JSON parser: integers from INT64_MIN to UINT64_MAX stay
+    # integers (past INT64_MAX an error where used), any other becomes a float.
+    if len(s.lstrip("-")) <= 20:
+        v = int(s)
+        if INT64_MIN <= v <= UINT64_MAX:
+            return v
+    return _json_float(s)
+
+
+def _json_constant(name):
+    raise PlanError("launch plan is not valid JSON: %s" % name)
+
+
+def _check_counts(plan):
+    if not isinstance(plan, dict):
+        return
+    for key, limit in (("launches", MAX_LAUNCHES), ("scratch", MAX_SCRATCH_BUFFERS),
+                       ("tensor_maps", MAX_TENSOR_MAPS)):
+        if isinstance(plan.get(key), list) and len(plan[key]) > limit:
+            raise PlanError('launch plan: "%s" has %d entries; the limit is %d' % (key, len(plan[key]), limit))
+    if isinstance(plan.get("launches"), list):
+        for i, l in enumerate(plan["launches"]):
+            if isinstance(l, dict) and isinstance(l.get("args"), list) and len(l["args"]) > MAX_ARGS_PER_LAUNCH:
+                raise PlanError('launches[%d]: "args" has %d entries; the limit is %d' %
+                                (i, len(l["args"]), MAX_ARGS_PER_LAUNCH))
+
+
+def parse_plan(text):
+    """Plan text as the evaluator reads it (ParsePlanJson): the limits on the
+    text, then the JSON, then the counts. Raises PlanError."""
+    import json
+    check_plan_text(text)
+    try:
+        plan = json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+    except (ValueError, RecursionError) as e:
+        if isinstance(e, PlanError):
+            raise
+        raise PlanError("launch plan is not valid JSON: %s" % e)
+    _check_counts(plan)
+    return plan
+
+
 class _Expr:
     def __init__(self, s, env):
-        self.s, self.env, self.pos = s, env, 0
+        self.s, self.env, self.pos, self.depth = s, env, 0, 0
+
+    def enter(self):
+        self.depth += 1
+        if self.depth > MAX_EXPR_DEPTH:
+            raise self.error("nested deeper than %d levels" % MAX_EXPR_DEPTH)
 
     def error(self, what):
         return PlanError("expression '%s': %s at position %d" % (self.s, what, self.pos))
@@ -93,6 +192,7 @@ class _Expr:
         return v
 
     def sum(self):
+        self.enter()
         v = self.product()
         while True:
             if self.eat("+"):
@@ -102,6 +202,7 @@ class _Expr:
                 r = self.product()
                 v = self.checked(v - r)
             else:
+                self.depth -= 1
                 return v
 
     def product(self):
@@ -121,17 +222,21 @@ class _Expr:
             else:
                 if r == 0:
                     raise self.error("division by zero")
+                if v == INT64_MIN and r == -1:  # the evaluator's C++ would trap (SIGFPE)
+                    raise self.error("integer overflow")
                 q = abs(v) // abs(r)
                 if (v < 0) != (r < 0):
                     q = -q
                 v = q if op == "/" else v - q * r
 
     def unary(self):
-        if self.eat("-"):
-            return self.checked(-self.unary())
-        if self.eat("+"):
-            return self.unary()
-        return self.primary()
+        sign = "-" if self.eat("-") else "+" if self.eat("+") else ""
+        if not sign:
+            return self.primary()
+        self.enter()
+        v = self.unary()
+        self.depth -= 1
+        return self.checked(-v) if sign == "-" else v
 
     def primary(self):
         self.ws()
@@ -186,7 +291,10 @@ class _Expr:
             entry = self.env.find(t)
             if entry is None:
                 raise self.error("unknown tensor '%s'" % t)
-            return _numel(entry)
+            n = _numel(entry)
+            if n > INT64_MAX:
+                raise self.error("integer overflow in %s.numel" % t)
+            return n
         if len(name) > 6 and name.endswith(".shape"):
             t = name[:-6]
             entry = self.env.find(t)
@@ -215,8 +323,8 @@ class _Expr:
 
 def eval_int(expr, env):
     """An integer expression's value (PlanError when it has none)."""
-    if len(expr) > 4096:
-        raise PlanError("expression longer than 4096 characters")
+    if len(expr) > MAX_EXPR_CHARS:
+        raise PlanError("expression longer than %d characters" % MAX_EXPR_CHARS)
     return _Expr(expr, env).parse()
 
 
@@ -224,9 +332,15 @@ def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _int64(v):
+    if v > INT64_MAX or v < INT64_MIN:
+        raise PlanError("integer %d is too large (int64)" % v)
+    return v
+
+
 def _field(v, env):
     if _is_int(v):
-        return v
+        return _int64(v)
     if isinstance(v, str):
         return eval_int(v, env)
     raise PlanError("expected an integer or an expression string, got %r" % (v,))
@@ -290,7 +404,7 @@ def resolve_arg(a, kind, env, scratch, maps=()):
     if isinstance(a, float):
         return _want_float(a, kind)
     if _is_int(a):
-        return _want_int(a, kind)
+        return _want_int(_int64(a), kind)
     if not isinstance(a, str):
         raise PlanError("argument must be a string or a number, got %r" % (a,))
     if a in scratch:
@@ -312,10 +426,14 @@ def resolve_arg(a, kind, env, scratch, maps=()):
 def resolve_plan(plan, kernels, env):
     """The plan's launches and scratch at the shapes in `env`.
 
+    plan: the parsed plan, or its text (parsed by parse_plan, with the limits).
     kernels: {"name": [parameter kinds]} from the compiled PTX. Returns
     {"launches": [{"kernel", "grid", "block", "shared", "cluster", "args"}],
      "scratch": [{"name", "bytes"}]}; raises PlanError.
     """
+    if isinstance(plan, (str, bytes)):
+        plan = parse_plan(plan)
+    _check_counts(plan)
     if not isinstance(plan, dict):
         raise PlanError('launch plan must be a JSON object with "launches"')
     for key in plan:

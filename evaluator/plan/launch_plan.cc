@@ -54,25 +54,42 @@ class ExprParser {
     }
     return false;
   }
-  StatusOr<int64_t> Checked(__int128 v) const {
-    if (v > std::numeric_limits<int64_t>::max() || v < std::numeric_limits<int64_t>::min())
-      return Error("integer overflow");
-    return static_cast<int64_t>(v);
+  // Each operator, checked: an edge of int64 is an error, never a trap or UB.
+  StatusOr<int64_t> Apply(char op, int64_t a, int64_t b) const {
+    int64_t v = 0;
+    switch (op) {
+      case '+': if (__builtin_add_overflow(a, b, &v)) return Error("integer overflow"); return v;
+      case '-': if (__builtin_sub_overflow(a, b, &v)) return Error("integer overflow"); return v;
+      case '*': if (__builtin_mul_overflow(a, b, &v)) return Error("integer overflow"); return v;
+      default: break;
+    }
+    if (b == 0) return Error("division by zero");
+    // INT64_MIN / -1 does not fit; x86 traps (SIGFPE) on it, and on INT64_MIN % -1.
+    if (a == std::numeric_limits<int64_t>::min() && b == -1) return Error("integer overflow");
+    return op == '/' ? a / b : a % b;
+  }
+
+  // Nesting (parentheses, calls, shape indices, unary signs) is bounded, so the
+  // recursion here is too.
+  Status Enter() {
+    if (++depth_ > kMaxExprDepth)
+      return Error("nested deeper than " + std::to_string(kMaxExprDepth) + " levels");
+    return Status::Ok();
   }
 
   StatusOr<int64_t> ParseSum() {
+    KS_RETURN_IF_ERROR(Enter());
     KS_ASSIGN_OR_RETURN(int64_t v, ParseProduct());
     for (;;) {
-      if (Eat('+')) {
-        KS_ASSIGN_OR_RETURN(int64_t r, ParseProduct());
-        KS_ASSIGN_OR_RETURN(v, Checked(static_cast<__int128>(v) + r));
-      } else if (Eat('-')) {
-        KS_ASSIGN_OR_RETURN(int64_t r, ParseProduct());
-        KS_ASSIGN_OR_RETURN(v, Checked(static_cast<__int128>(v) - r));
-      } else {
-        return v;
-      }
+      char op = 0;
+      if (Eat('+')) op = '+';
+      else if (Eat('-')) op = '-';
+      else break;
+      KS_ASSIGN_OR_RETURN(int64_t r, ParseProduct());
+      KS_ASSIGN_OR_RETURN(v, Apply(op, v, r));
     }
+    --depth_;
+    return v;
   }
 
   StatusOr<int64_t> ParseProduct() {
@@ -84,22 +101,17 @@ class ExprParser {
       else if (Eat('%')) op = '%';
       else return v;
       KS_ASSIGN_OR_RETURN(int64_t r, ParseUnary());
-      if (op == '*') {
-        KS_ASSIGN_OR_RETURN(v, Checked(static_cast<__int128>(v) * r));
-      } else {
-        if (r == 0) return Error("division by zero");
-        v = op == '/' ? v / r : v % r;
-      }
+      KS_ASSIGN_OR_RETURN(v, Apply(op, v, r));
     }
   }
 
   StatusOr<int64_t> ParseUnary() {
-    if (Eat('-')) {
-      KS_ASSIGN_OR_RETURN(int64_t v, ParseUnary());
-      return Checked(-static_cast<__int128>(v));
-    }
-    if (Eat('+')) return ParseUnary();
-    return ParsePrimary();
+    char sign = Eat('-') ? '-' : Eat('+') ? '+' : 0;
+    if (!sign) return ParsePrimary();
+    KS_RETURN_IF_ERROR(Enter());
+    KS_ASSIGN_OR_RETURN(int64_t v, ParseUnary());
+    --depth_;
+    return sign == '-' ? Apply('-', 0, v) : StatusOr<int64_t>(v);
   }
 
   StatusOr<int64_t> ParsePrimary() {
@@ -113,14 +125,14 @@ class ExprParser {
       return v;
     }
     if (std::isdigit(static_cast<unsigned char>(c))) {
-      __int128 v = 0;
+      int64_t v = 0;
       while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
-        v = v * 10 + (s_[pos_++] - '0');
-        if (v > std::numeric_limits<int64_t>::max()) return Error("integer literal too large");
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s_[pos_++] - '0', &v))
+          return Error("integer literal too large");
       }
       if (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))
         return Error("a float literal is not allowed in an integer expression");
-      return static_cast<int64_t>(v);
+      return v;
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') return ParseName();
     return Error("unexpected '" + std::string(1, c) + "'");
@@ -143,7 +155,7 @@ class ExprParser {
         if (args.size() != 2) return Error("cdiv takes two arguments");
         if (args[1] <= 0) return Error("cdiv by a non-positive number");
         if (args[0] < 0) return Error("cdiv of a negative number");
-        return args[0] / args[1] + (args[0] % args[1] != 0);
+        return args[0] / args[1] + (args[0] % args[1] != 0);  // no overflow: a >= 0, b >= 1
       }
       int64_t v = args[0];
       for (int64_t a : args) v = name == "min" ? std::min(v, a) : std::max(v, a);
@@ -157,7 +169,10 @@ class ExprParser {
       std::string t = name.substr(0, name.size() - 6);
       const TensorSpec* spec = sig_.Find(t);
       if (!spec) return Error("unknown tensor '" + t + "'");
-      return spec->numel();
+      int64_t n = 1;
+      for (int64_t d : spec->shape)
+        if (__builtin_mul_overflow(n, d, &n)) return Error("integer overflow in " + t + ".numel");
+      return n;
     }
     if (ends_with(".shape")) {
       std::string t = name.substr(0, name.size() - 6);
@@ -184,11 +199,20 @@ class ExprParser {
   const std::string& s_;
   const Signature& sig_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
+
+// A JSON integer as int64: nlohmann keeps 2^63..2^64-1 as unsigned, which
+// get<int64_t>() would wrap into negative numbers.
+StatusOr<int64_t> JsonInt(const json& v) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return InvalidArgument("integer " + v.dump() + " is too large (int64)");
+  return v.get<int64_t>();
+}
 
 // An expression field may be a JSON string or a JSON integer.
 StatusOr<int64_t> EvalField(const json& v, const Signature& sig) {
-  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_integer()) return JsonInt(v);
   if (v.is_string()) return EvalIntExpr(v.get<std::string>(), sig);
   return InvalidArgument("expected an integer or an expression string, got " + v.dump());
 }
@@ -243,7 +267,10 @@ StatusOr<ArgValue> ResolveArg(const json& a, const ParamInfo& p, const Signature
     return InvalidArgument(std::string("a float value for a ") + ParamKindName(p.kind) + " parameter");
   };
   if (a.is_number_float()) return want_float(a.get<double>());
-  if (a.is_number_integer()) return want_int(a.get<int64_t>());
+  if (a.is_number_integer()) {
+    KS_ASSIGN_OR_RETURN(int64_t v, JsonInt(a));
+    return want_int(v);
+  }
   if (!a.is_string()) return InvalidArgument("argument must be a string or a number, got " + a.dump());
   std::string s = a.get<std::string>();
   if (maps.count(s)) {
@@ -303,8 +330,85 @@ std::string KnownNames(const Signature& sig, const std::set<std::string>& scratc
 }  // namespace
 
 StatusOr<int64_t> EvalIntExpr(const std::string& expr, const Signature& sig) {
-  if (expr.size() > 4096) return InvalidArgument("expression longer than 4096 characters");
+  if (expr.size() > kMaxExprChars)
+    return InvalidArgument("expression longer than " + std::to_string(kMaxExprChars) + " characters");
   return ExprParser(expr, sig).Parse();
+}
+
+Status CheckPlanText(std::string_view text) {
+  if (text.size() > kMaxPlanBytes)
+    return InvalidArgument("launch plan is " + std::to_string(text.size()) + " bytes; the limit is " +
+                           std::to_string(kMaxPlanBytes));
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxPlanDepth)
+        return InvalidArgument("launch plan nests [ ] and { } deeper than " + std::to_string(kMaxPlanDepth) +
+                               " levels");
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckPlanValue(const json& plan) {
+  std::vector<std::pair<const json*, int>> todo = {{&plan, 1}};
+  size_t nodes = 0;
+  while (!todo.empty()) {
+    auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (++nodes > kMaxPlanBytes)
+      return InvalidArgument("launch plan has more than " + std::to_string(kMaxPlanBytes) + " values");
+    if (!v->is_structured()) continue;
+    if (depth > kMaxPlanDepth)
+      return InvalidArgument("launch plan nests [ ] and { } deeper than " + std::to_string(kMaxPlanDepth) +
+                             " levels");
+    for (const auto& child : *v) todo.push_back({&child, depth + 1});
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// A list in the plan (top level or in an object of it) longer than its limit.
+Status CheckCount(const json& parent, const char* key, size_t limit, const std::string& where) {
+  if (!parent.is_object()) return Status::Ok();
+  auto it = parent.find(key);
+  if (it == parent.end() || !it->is_array() || it->size() <= limit) return Status::Ok();
+  return InvalidArgument(where + "\"" + key + "\" has " + std::to_string(it->size()) + " entries; the limit is " +
+                         std::to_string(limit));
+}
+
+}  // namespace
+
+StatusOr<json> ParsePlanJson(const std::string& plan_json) {
+  KS_RETURN_IF_ERROR(CheckPlanText(plan_json));
+  json plan = json::parse(plan_json, nullptr, false);
+  if (plan.is_discarded()) {
+    try {
+      (void)json::parse(plan_json);
+    } catch (const json::exception& e) {
+      return InvalidArgument(std::string("launch plan is not valid JSON: ") + e.what());
+    }
+    return InvalidArgument("launch plan is not valid JSON");
+  }
+  KS_RETURN_IF_ERROR(CheckCount(plan, "launches", kMaxLaunches, "launch plan: "));
+  KS_RETURN_IF_ERROR(CheckCount(plan, "scratch", kMaxScratchBuffers, "launch plan: "));
+  KS_RETURN_IF_ERROR(CheckCount(plan, "tensor_maps", kMaxTensorMaps, "launch plan: "));
+  if (plan.is_object() && plan.contains("launches") && plan["launches"].is_array()) {
+    const json& ls = plan["launches"];
+    for (size_t i = 0; i < ls.size(); ++i)
+      KS_RETURN_IF_ERROR(CheckCount(ls[i], "args", kMaxArgsPerLaunch, "launches[" + std::to_string(i) + "]: "));
+  }
+  return plan;
 }
 
 std::vector<ResolvedLaunch> ResolvedPlan::Summary() const {
@@ -406,8 +510,9 @@ Status ResolveShape(const json& l, const std::string& where, const Signature& si
     pl->shared_bytes = *sb;
   }
   if (pl->shared_bytes < 0) return InvalidArgument(where + ": shared_bytes is negative");
-  int64_t total_shared = pl->shared_bytes + k.resources.static_shared_bytes;
-  if (total_shared > limits.max_shared_bytes_per_block)
+  int64_t total_shared = 0;
+  if (__builtin_add_overflow(pl->shared_bytes, k.resources.static_shared_bytes, &total_shared) ||
+      total_shared > limits.max_shared_bytes_per_block)
     return InvalidArgument(where + ": " + std::to_string(pl->shared_bytes) + " dynamic + " +
                            std::to_string(k.resources.static_shared_bytes) +
                            " static bytes of shared memory exceed the device limit of " +
@@ -420,7 +525,7 @@ Status ResolveShape(const json& l, const std::string& where, const Signature& si
       if ((*c)[d] < 1) return InvalidArgument(where + ": cluster dimensions must be positive");
       if (pl->grid[d] % (*c)[d] != 0)
         return InvalidArgument(where + ": grid is not a multiple of the cluster shape");
-      size *= (*c)[d];
+      if (__builtin_mul_overflow(size, (*c)[d], &size)) size = std::numeric_limits<int64_t>::max();
     }
     if (size > limits.max_cluster_size)
       return InvalidArgument(where + ": cluster of " + std::to_string(size) + " blocks; at most " +
@@ -455,7 +560,8 @@ StatusOr<PlannedLaunch> ResolveLaunch(const json& l, size_t li, const Signature&
                            (names.empty() ? "none" : names));
   }
   KS_RETURN_IF_ERROR(ResolveShape(l, where, sig, *k, limits, &pl));
-  json args = l.value("args", json::array());
+  static const json kNoArgs = json::array();
+  const json& args = l.contains("args") ? l["args"] : kNoArgs;  // a reference: no copy of the plan
   if (!args.is_array()) return InvalidArgument(where + ": \"args\" must be a list");
   if (args.size() != k->params.size())
     return InvalidArgument(where + ": " + std::to_string(args.size()) + " args given but the kernel takes " +
@@ -476,14 +582,7 @@ StatusOr<PlannedLaunch> ResolveLaunch(const json& l, size_t li, const Signature&
 
 StatusOr<ResolvedPlan> ResolvePlan(const std::string& plan_json, const Signature& sig,
                                    const std::vector<KernelInfo>& kernels, const PlanLimits& limits) {
-  json plan = json::parse(plan_json, nullptr, false);
-  if (plan.is_discarded()) {
-    try {
-      (void)json::parse(plan_json);
-    } catch (const json::parse_error& e) {
-      return InvalidArgument(std::string("launch plan is not valid JSON: ") + e.what());
-    }
-  }
+  KS_ASSIGN_OR_RETURN(const json plan, ParsePlanJson(plan_json));
   if (!plan.is_object()) return InvalidArgument("launch plan must be a JSON object with \"launches\"");
   for (const auto& [key, _] : plan.items()) {
     if (!Accepted(kPlanKeys, key))

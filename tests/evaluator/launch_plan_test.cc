@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace ks {
 namespace {
 
@@ -56,6 +58,58 @@ TEST(ExprTest, ErrorsSayWhatIsWrong) {
   EXPECT_THAT(EvalIntExpr("1.5", s).status().message(), HasSubstr("float literal"));
   EXPECT_THAT(EvalIntExpr("foo(3)", s).status().message(), HasSubstr("unknown name 'foo'"));
   EXPECT_THAT(EvalIntExpr("2 $ 3", s).status().message(), HasSubstr("unexpected '$'"));
+}
+
+// Issue 31: every edge of int64 is an error (InvalidArgument -> invalid_plan),
+// never a trap (x86 raises SIGFPE on INT64_MIN / -1) or undefined behaviour.
+TEST(ExprTest, EveryArithmeticEdgeIsAnError) {
+  Signature s = LayerNormSig();
+  auto overflow = [&](const std::string& e) {
+    auto r = EvalIntExpr(e, s);
+    EXPECT_FALSE(r.ok()) << e << " = " << (r.ok() ? std::to_string(*r) : "");
+    return r.ok() ? std::string() : r.status().message();
+  };
+  const std::string kMin = "(-9223372036854775807 - 1)";
+  EXPECT_EQ(*EvalIntExpr(kMin, s), std::numeric_limits<int64_t>::min());
+  EXPECT_THAT(overflow(kMin + " / -1"), HasSubstr("integer overflow"));  // the red team's SIGFPE
+  EXPECT_THAT(overflow(kMin + " % -1"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow(kMin + " / (0 - 1)"), HasSubstr("integer overflow"));
+  EXPECT_EQ(*EvalIntExpr(kMin + " / 1", s), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(*EvalIntExpr(kMin + " % 2", s), 0);
+  EXPECT_EQ(*EvalIntExpr(kMin + " / -2", s), int64_t{1} << 62);
+  EXPECT_EQ(*EvalIntExpr("-7 % 3", s), -1);  // C semantics: the dividend's sign
+  EXPECT_THAT(overflow("5 % 0"), HasSubstr("division by zero"));
+  EXPECT_THAT(overflow(kMin + " - 1"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("-" + kMin), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("0 - " + kMin), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("4611686018427387904 * 2"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("-4611686018427387905 * 2"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow(kMin + " * -1"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("max(1, 9223372036854775807 + 1)"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("min(1, " + kMin + " - 1)"), HasSubstr("integer overflow"));
+  EXPECT_THAT(overflow("cdiv(9223372036854775807 * 2, 3)"), HasSubstr("integer overflow"));
+  EXPECT_EQ(*EvalIntExpr("cdiv(9223372036854775807, 1)", s), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(*EvalIntExpr("cdiv(9223372036854775807, 2)", s), int64_t{1} << 62);
+  EXPECT_THAT(overflow("x.numel * 9223372036854775807"), HasSubstr("integer overflow"));
+  EXPECT_EQ(*EvalIntExpr("9223372036854775807", s), std::numeric_limits<int64_t>::max());
+  EXPECT_THAT(overflow("9223372036854775808"), HasSubstr("integer literal too large"));
+  EXPECT_THAT(overflow("-9223372036854775808"), HasSubstr("integer literal too large"));
+  EXPECT_THAT(overflow("99999999999999999999999999999999"), HasSubstr("integer literal too large"));
+}
+
+TEST(ExprTest, NestingAndLengthAreBounded) {
+  Signature s = LayerNormSig();
+  auto nested = [](int n) { return std::string(n, '(') + "1" + std::string(n, ')'); };
+  EXPECT_EQ(*EvalIntExpr(nested(kMaxExprDepth - 1), s), 1);
+  EXPECT_THAT(EvalIntExpr(nested(kMaxExprDepth), s).status().message(), HasSubstr("nested deeper than"));
+  EXPECT_THAT(EvalIntExpr(std::string(kMaxExprDepth, '-') + "1", s).status().message(),
+              HasSubstr("nested deeper than"));
+  EXPECT_EQ(*EvalIntExpr(std::string(kMaxExprDepth - 2, '-') + "1", s), 1);
+  std::string calls = "1";
+  for (int i = 0; i < kMaxExprDepth; ++i) calls = "max(" + calls + ", 0)";
+  EXPECT_THAT(EvalIntExpr(calls, s).status().message(), HasSubstr("nested deeper than"));
+  EXPECT_THAT(EvalIntExpr(nested(2000), s).status().message(), HasSubstr("nested deeper than"));
+  EXPECT_THAT(EvalIntExpr(std::string(kMaxExprChars + 1, '1'), s).status().message(), HasSubstr("longer than"));
 }
 
 std::vector<KernelInfo> Kernels() {
@@ -143,6 +197,74 @@ TEST(PlanTest, BadPlansGetPreciseMessages) {
   EXPECT_THAT(PlanError(R"({"launches": [{"kernel": "row_stats", "grid": [1], "block": [1], "args": ["x", "x", 1, 1]}],
                            "tensor_map": []})"),
               HasSubstr("unknown key \"tensor_map\""));
+}
+
+// Issue 31: JSON integers beyond int64 (nlohmann keeps 2^63..2^64-1 unsigned)
+// and sums of the plan's numbers are errors too.
+TEST(PlanTest, NumbersBeyondInt64AreErrors) {
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [18446744073709551615], "block": [1], "args": ["x", "x", 1, 1])")),
+              HasSubstr("too large"));
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [1], "block": [1], "args": ["x", "x", 9223372036854775808, 1])")),
+              HasSubstr("too large"));
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [1], "block": [1], "args": ["x", "x", 1, "(-9223372036854775807 - 1) / -1"])")),
+              HasSubstr("integer overflow"));
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [1], "block": [1], "shared_bytes": 9223372036854775807, "args": ["x", "x", 1, 1])")),
+              HasSubstr("exceed the device limit"));  // + the kernel's 1024 static bytes would overflow
+  EXPECT_THAT(PlanError(R"({"launches": [{"kernel": "row_stats", "grid": [1], "block": [1], "args": ["x", "s", 1, 1]}],
+                           "scratch": [{"name": "s", "bytes": "(-9223372036854775807 - 1) % -1"}]})"),
+              HasSubstr("scratch[0] (s): bytes: expression '(-9223372036854775807 - 1) % -1': integer overflow"));
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [2147483647, 65535, 65535], "block": [1], "cluster": [2147483647, 65535, 65535], "args": ["x", "x", 1, 1])")),
+              HasSubstr("cluster of"));
+}
+
+// A plan whose launches are these, as text.
+std::string PlanWithLaunches(int n, const std::string& extra = "") {
+  std::string ls;
+  for (int i = 0; i < n; ++i)
+    ls += std::string(i ? ", " : "") + R"({"kernel": "row_stats", "grid": [1], "block": [1], "args": ["x", "x", 1, 1]})";
+  return R"({"launches": [)" + ls + "]" + extra + "}";
+}
+
+// Issue 31: size, nesting and counts are limited, and checked on the text
+// before the JSON is copied or walked (150,000 nested arrays overflowed the stack).
+TEST(PlanTest, SizeNestingAndCountsAreLimited) {
+  std::string deep = std::string(150000, '[') + std::string(150000, ']');
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [1], "block": [1], "args": ["x", "x", 1, )" + deep + "]")),
+              HasSubstr("bytes; the limit is"));
+  std::string nest = std::string(kMaxPlanDepth, '[') + std::string(kMaxPlanDepth, ']');
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [1], "block": [1], "args": ["x", "x", 1, )" + nest + "]")),
+              HasSubstr("deeper than 8 levels"));
+  EXPECT_THAT(CheckPlanText(std::string(kMaxPlanDepth + 1, '{')).message(), HasSubstr("deeper than"));
+  EXPECT_TRUE(CheckPlanText(std::string(kMaxPlanDepth, '{')).ok());
+  EXPECT_TRUE(CheckPlanText(R"({"a": "[[[[[[[[[[[[[[[[\"[[[[[[[[[[[[[["})").ok());  // brackets in strings do not count
+  EXPECT_TRUE(CheckPlanText(std::string(100, ']') + std::string(kMaxPlanDepth, '[')).ok());
+  EXPECT_THAT(PlanError(PlanWithLaunches(1) + std::string(kMaxPlanBytes, ' ')), HasSubstr("bytes; the limit is"));
+  EXPECT_TRUE(ResolvePlan(PlanWithLaunches(kMaxLaunches), LayerNormSig(), Kernels(), {}).ok());
+  EXPECT_THAT(PlanError(PlanWithLaunches(kMaxLaunches + 1)), HasSubstr("\"launches\" has 65 entries; the limit is 64"));
+  std::string args = "\"x\"";
+  for (int i = 0; i < kMaxArgsPerLaunch; ++i) args += ", 1";
+  EXPECT_THAT(PlanError(OneLaunch(R"("grid": [1], "block": [1], "args": [)" + args + "]")),
+              HasSubstr("launches[0]: \"args\" has 129 entries; the limit is 128"));
+  std::string scratch, maps;
+  for (int i = 0; i <= kMaxScratchBuffers; ++i)
+    scratch += std::string(i ? ", " : "") + R"({"name": "s)" + std::to_string(i) + R"(", "bytes": 4})";
+  EXPECT_THAT(PlanError(PlanWithLaunches(1, R"(, "scratch": [)" + scratch + "]")), HasSubstr("\"scratch\" has 33"));
+  for (int i = 0; i <= kMaxTensorMaps; ++i) maps += std::string(i ? ", " : "") + "{}";
+  EXPECT_THAT(PlanError(PlanWithLaunches(1, R"(, "tensor_maps": [)" + maps + "]")),
+              HasSubstr("\"tensor_maps\" has 33"));
+}
+
+TEST(PlanTest, ParsedValuesAreCheckedWithoutRecursion) {
+  nlohmann::json v = nlohmann::json::array();
+  for (int i = 0; i < 150000; ++i) v = nlohmann::json::array({std::move(v)});  // built by moves, never copied
+  EXPECT_THAT(CheckPlanValue(v).message(), HasSubstr("deeper than"));
+  EXPECT_TRUE(CheckPlanValue(nlohmann::json::parse(kGoodPlan)).ok());
+  nlohmann::json wide = nlohmann::json::array();
+  for (size_t i = 0; i <= kMaxPlanBytes; ++i) wide.push_back(1);
+  EXPECT_THAT(CheckPlanValue(wide).message(), HasSubstr("values"));
+  auto parsed = ParsePlanJson(kGoodPlan);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ((*parsed)["launches"].size(), 2u);
 }
 
 TEST(PlanTest, ClusterShapeIsChecked) {

@@ -12,7 +12,7 @@ env = lp.env_from_signature(json.load(open(sys.argv[3])))
 results = []
 for c in cases:
     try:
-        results.append({"ok": lp.resolve_plan(json.loads(c["plan"]), c["kernels"], env)})
+        results.append({"ok": lp.resolve_plan(lp.parse_plan(c["plan"]), c["kernels"], env)})
     except lp.PlanError as e:
         results.append({"error": str(e)})
 print(json.dumps(results))
