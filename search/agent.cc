@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "evaluator/plan/launch_plan.h"
 #include "search/prompts.h"
 
 namespace ks {
@@ -44,8 +45,10 @@ StatusOr<Candidate> CandidateOf(const ToolCall& call) {
   if (!a.contains("plan")) return InvalidArgument("missing \"plan\": the launch plan, a JSON object");
   Candidate c{a["source"].get<std::string>(), ""};
   if (a["plan"].is_object()) {
+    KS_RETURN_IF_ERROR(CheckPlanValue(a["plan"]));  // dump() recurses: the plan limits first
     c.plan_json = a["plan"].dump(2);
-  } else if (a["plan"].is_string() && json::parse(a["plan"].get<std::string>(), nullptr, false).is_object()) {
+  } else if (a["plan"].is_string() && (!CheckPlanText(a["plan"].get<std::string>()).ok() ||
+                                       json::parse(a["plan"].get<std::string>(), nullptr, false).is_object())) {
     c.plan_json = a["plan"].get<std::string>();  // a plan sent as JSON text is taken as it is
   } else {
     return InvalidArgument("\"plan\" is not a JSON object (the launch plan)");

@@ -10,6 +10,7 @@
 
 #include "common/files.h"
 #include "common/json_field.h"
+#include "evaluator/plan/launch_plan.h"
 #include "search/search_config.h"
 #include "store/candidate_hash.h"
 
@@ -46,6 +47,7 @@ constexpr SmLimits kH100Sm{65536, 65536, 233472, 1024, 2048, 32};
 // names, block sizes and shared memory from the plan, times and registers from
 // the markers.
 std::vector<LaunchProfile> ScriptedProfiles(const Candidate& c, const std::vector<double>& launch_ms) {
+  if (!CheckPlanText(c.plan_json).ok()) return {};
   nlohmann::json plan = nlohmann::json::parse(c.plan_json, nullptr, false);
   if (!plan.is_object() || !plan.contains("launches") || !plan["launches"].is_array()) return {};
   std::vector<double> regs = NumberList(MarkerArg(c.source, "FAKE_REGISTERS"));

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "evaluator/plan/launch_plan.h"
 
 namespace ks::store {
 namespace {
@@ -62,6 +63,7 @@ std::string NormalizeSource(const std::string& source) {
 }
 
 std::string NormalizePlan(const std::string& plan_json) {
+  if (!CheckPlanText(plan_json).ok()) return CollapseWhitespace(plan_json);  // dump() recurses: limits first
   nlohmann::json j = nlohmann::json::parse(plan_json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return CollapseWhitespace(plan_json);
   return j.dump();  // nlohmann::json objects are std::map: keys come out sorted
