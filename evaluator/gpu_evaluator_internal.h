@@ -170,10 +170,12 @@ extern "C" __global__ void ks_scrub_shared(unsigned int v) {
 }
 // Local-memory scrub (sent to the worker): launched before every run with as
 // many blocks as can be resident on every SM at once (they wait for each
-// other before writing, so every warp slot holds one), each thread writing
-// its whole local window: its frame, and by address every local byte below
-// it (a callee's stack). Nothing a kernel left in local memory (its stack,
-// spills, an array it never initializes) survives into the next run.
+// other before writing, so every warp slot holds one), each thread writing a
+// frame at least as large as any loaded kernel's frame plus the stack limit
+// (a thread's frame starts at the top of its local window, so this frame
+// covers every frame and callee stack below it). Nothing a kernel left in
+// local memory (its stack, spills, an array it never initializes) survives
+// into the next run.
 template <int kWords>
 __device__ __forceinline__ void ScrubLocal(unsigned int v, unsigned int* arrived, unsigned int target) {
   volatile unsigned int frame[kWords];
@@ -184,10 +186,6 @@ __device__ __forceinline__ void ScrubLocal(unsigned int v, unsigned int* arrived
     }
   }
   __syncthreads();
-  unsigned long long base;
-  asm volatile("cvta.to.local.u64 %0, %1;" : "=l"(base) : "l"((unsigned long long)(const void*)frame));
-  for (unsigned long long a = 0; a + 4 <= base; a += 4)
-    asm volatile("st.local.u32 [%0], %1;" ::"l"(a), "r"(v ^ (unsigned int)a) : "memory");
   for (int i = 0; i < kWords; ++i) frame[i] = v ^ (unsigned int)i;
 }
 extern "C" __global__ void ks_scrub_local_1k(unsigned int v, unsigned int* a, unsigned int t) { ScrubLocal<256>(v, a, t); }

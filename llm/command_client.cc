@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.h"
 #include "common/files.h"
 #include "common/subprocess.h"
 #include "common/unique_fd.h"
@@ -76,7 +77,11 @@ class CommandClient final : public LlmClient {
       rec->error = out.status().message();
       return out.status();
     }
-    StatusOr<AssistantReply> reply = ReplyFromJson(nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false));
+    StatusOr<AssistantReply> reply =
+        CheckJsonNesting(*out, kMaxModelJsonDepth, "the reply").ok()
+            ? ReplyFromJson(nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false))
+            : StatusOr<AssistantReply>(InvalidArgument("the reply nests deeper than " +
+                                                       std::to_string(kMaxModelJsonDepth) + " levels"));
     if (!reply.ok()) {
       Status bad = Unavailable("command '" + command_ + "' did not answer in " + kConversationProtocol + ": " +
                                reply.status().message() + "; stdout starts: " + BodyExcerpt(*out, 200));

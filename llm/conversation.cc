@@ -1,5 +1,7 @@
 #include "llm/conversation.h"
 
+#include "common/json_depth.h"
+
 namespace ks {
 namespace {
 
@@ -35,7 +37,11 @@ void SetArgumentsFromText(ToolCall* call, const std::string& text) {
     call->arguments = json::object();
     return;
   }
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // A model's arguments nested deeper than any real call are refused before
+  // they are built: copying such a value would overflow the stack.
+  json j = CheckJsonNesting(text, kMaxModelJsonDepth, "the arguments").ok()
+               ? json::parse(text, nullptr, /*allow_exceptions=*/false)
+               : json(json::value_t::discarded);
   if (j.is_discarded()) {
     call->arguments = text;  // kept as sent, so the record shows what the model wrote
     call->arguments_error = "the arguments are not valid JSON";

@@ -1,5 +1,7 @@
 #include "llm/http_backend.h"
 
+#include "common/json_depth.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,6 +29,7 @@ double BackoffSeconds(const LlmConfig& c, int retry) {
 // {"error": "..."} (llama.cpp, Ollama), {"detail": ...} or {"message": ...}
 // (vLLM, proxies); otherwise the start of the body.
 std::string ServerMessage(const std::string& body) {
+  if (!CheckJsonNesting(body, kMaxModelJsonDepth, "the body").ok()) return BodyExcerpt(body, 200);
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_object()) {
     if (j.contains("error")) {
@@ -173,6 +176,9 @@ StatusOr<HttpBackend::Reply> HttpBackend::Exchange(const Call& call, const Cance
       if (last.code() == Code::kCancelled || last.code() == Code::kInvalidArgument) return last;
     } else if (resp->status >= 200 && resp->status < 300) {
       nlohmann::json body;
+      if (Status deep = CheckJsonNesting(resp->body, kMaxModelJsonDepth, "the reply"); !deep.ok())
+        return Unavailable("malformed JSON from " + call.url + " (HTTP " + std::to_string(resp->status) +
+                           "): " + deep.message());
       try {
         body = nlohmann::json::parse(resp->body);
       } catch (const nlohmann::json::exception& e) {

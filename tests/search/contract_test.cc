@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "evaluator/judge/judge.h"
 #include "common/files.h"
 #include "evaluator/compiler.h"
 #include "evaluator/plan/launch_plan.h"
@@ -124,11 +125,15 @@ TEST(ContractTest, TheDeviceSectionRendersThisGpusLimits) {
   h100.max_registers_per_thread = 255;
   TemplateVars v;
   v.Set("launch_limits", LaunchLimitsText(h100));
+  v.Set("judging", DescribeContract(Contract::kHigh));
   v.SetList("hopper", HopperRecords(h100));
   auto out = lib->Render("contract", v);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_THAT(*out, HasSubstr("227.0 KiB at most (static + dynamic, the opt-in limit"));
   EXPECT_THAT(*out, HasSubstr("228.0 KiB per SM"));
+  // Issue 36: what is judged, under the search's contract, and never PyTorch's rounding.
+  EXPECT_THAT(*out, HasSubstr("model run in float64 (precision contract 'high'"));
+  EXPECT_THAT(*out, HasSubstr("never try to reproduce PyTorch's float32"));
   // 65536 registers: 128 threads may use all 255 and still fit; full occupancy
   // (16 blocks of 128) leaves 32 each; 1024 threads get 64 at most.
   EXPECT_THAT(*out, HasSubstr("| 128 | 255 | 32 (16 blocks, 2048 threads per SM) |"));

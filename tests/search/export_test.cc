@@ -112,7 +112,7 @@ TEST(ExportTemplateTest, TheRealTemplateIsFilledEverywhere) {
   std::string text = *ReadFile(*path);
   std::map<std::string, std::string> values;
   for (const char* k : {"ID", "PROBLEM", "SPEEDUP", "SOURCE", "PLAN", "SIGNATURE", "KERNELS", "RESOLVED",
-                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET", "ROBUSTNESS"})
+                        "NVRTC_OPTIONS", "PRELUDE_NAME", "PRELUDE", "CUDA_HOME", "TARGET", "ROBUSTNESS", "JUDGE"})
     values[k] = "v";
   auto r = RenderModuleTemplate(text, values);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
