@@ -117,6 +117,7 @@ Status GpuEvaluator::LoadBounds() {
   for (auto& o : outputs_) {
     o.bounds.clear();
     o.bounds.resize(ref_.sets.size());
+    o.bound_rel_norm.assign(ref_.sets.size(), 0);
     if (!IsFloating(o.spec->dtype)) continue;
     const int64_t blocks = (o.spec->numel() + kBoundBlock - 1) / kBoundBlock;
     for (size_t s = 0; s < ref_.sets.size(); ++s) {
@@ -137,6 +138,14 @@ Status GpuEvaluator::LoadBounds() {
         }
       }
       std::vector<float> combined = CombineBounds(contract_, *highest, at_level);
+      double sum_sq = 0;
+      for (size_t b = 0; b < combined.size(); ++b) {
+        const double in_block = std::min<double>(kBoundBlock, static_cast<double>(o.spec->numel()) - b * kBoundBlock);
+        sum_sq += in_block * static_cast<double>(combined[b]) * combined[b];
+      }
+      const double rms = s < o.ref_rms.size() ? o.ref_rms[s] : 0;
+      if (rms > 0 && std::isfinite(rms) && o.spec->numel() > 0)
+        o.bound_rel_norm[s] = std::sqrt(sum_sq / static_cast<double>(o.spec->numel())) / rms;
       KS_ASSIGN_OR_RETURN(o.bounds[s], DeviceBuffer::Alloc(std::max<size_t>(combined.size() * 4, 4)));
       if (!combined.empty())
         KS_RETURN_IF_ERROR(

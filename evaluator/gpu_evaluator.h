@@ -217,6 +217,9 @@ class GpuEvaluator : public CandidateEvaluator {
     // Per input set: the per-block bound under the contract (judge.h
     // CombineBounds), where the set's truth is float64; empty buffers elsewhere.
     std::vector<DeviceBuffer> bounds;
+    // Per input set: the relative error norm an output would have with every
+    // element at its block's bound (the norm rule's widening; 0 without bounds).
+    std::vector<double> bound_rel_norm;
   };
   struct RunResult {
     EvalStatus status = EvalStatus::kCorrect;

@@ -168,7 +168,8 @@ nlohmann::json JudgeJson(const store::CandidateRow& c) {
     auto e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
     if (e.is_object()) stored = e.value("precision", std::string());
   }
-  const Contract contract = ParseContract(stored.empty() ? "highest" : stored).value_or(Contract::kHighest);
+  auto parsed = ParseContract(stored.empty() ? "highest" : stored);
+  const Contract contract = parsed.ok() ? *parsed : Contract::kHighest;
   return {{"contract", ContractName(contract)},
           {"factor", ContractFactor(contract)},
           {"highest_factor", kHighestFactor},

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "common/files.h"
+#include "llm/conversation.h"
 #include "llm/llm_factory.h"
 #include "llm/role_router.h"
 #include "llm/transcript.h"
@@ -244,6 +245,25 @@ TEST(LlmRouterTest, RolesGoToTheirOwnModelsAndShareOneTranscript) {
   ASSERT_TRUE(rs.ok());
   EXPECT_EQ(rs->first, "implement");
   EXPECT_EQ(rs->second, "anthropic:m@http://x");
+}
+
+}  // namespace
+}  // namespace ks
+
+namespace ks {
+namespace {
+
+// Issue 31: a model's tool-call arguments nested 150,000 levels deep are
+// kept as text with an error, never built (copying them overflowed the stack).
+TEST(ConversationTest, DeeplyNestedToolArgumentsAreRefusedNotBuilt) {
+  ToolCall call;
+  SetArgumentsFromText(&call, "{\"plan\": " + std::string(150000, '[') + std::string(150000, ']') + "}");
+  EXPECT_EQ(call.arguments_error, "the arguments are not valid JSON");
+  EXPECT_TRUE(call.arguments.is_string());
+  ToolCall fine;
+  SetArgumentsFromText(&fine, R"({"source": "x", "plan": {"launches": []}})");
+  EXPECT_TRUE(fine.arguments_error.empty());
+  EXPECT_TRUE(fine.arguments.is_object());
 }
 
 }  // namespace
