@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -397,5 +398,32 @@ StatusOr<CompileResult> CompileCandidate(const std::string& source, const Compil
   res.ok = true;
   return res;
 }
+
+bool ModuleHasData(const std::string& image) {
+  auto u16 = [&](size_t at) { uint16_t v; std::memcpy(&v, image.data() + at, 2); return v; };
+  auto u32 = [&](size_t at) { uint32_t v; std::memcpy(&v, image.data() + at, 4); return v; };
+  auto u64 = [&](size_t at) { uint64_t v; std::memcpy(&v, image.data() + at, 8); return v; };
+  if (image.size() < 64 || image.compare(0, 4, "\x7f" "ELF") != 0 || image[4] != 2) return true;  // ELF64 only
+  const uint64_t shoff = u64(0x28);
+  const size_t shentsize = u16(0x3A), shnum = u16(0x3C), shstrndx = u16(0x3E);
+  if (shentsize < 64 || shstrndx >= shnum || shoff > image.size() || shnum > (image.size() - shoff) / shentsize)
+    return true;
+  const size_t strtab = shoff + shstrndx * shentsize;
+  const uint64_t names = u64(strtab + 0x18), names_size = u64(strtab + 0x20);
+  if (names > image.size() || names_size > image.size() - names) return true;
+  constexpr uint64_t kShfAlloc = 0x2;
+  for (size_t i = 0; i < shnum; ++i) {
+    const size_t h = shoff + i * shentsize;
+    if (!(u64(h + 8) & kShfAlloc)) continue;
+    const uint32_t name_at = u32(h);
+    if (name_at >= names_size) return true;
+    const char* name = image.data() + names + name_at;
+    const std::string n(name, strnlen(name, names_size - name_at));
+    if (n.rfind(".text.", 0) == 0 || n.rfind(".nv.constant0.", 0) == 0 || n.rfind(".nv.shared.", 0) == 0) continue;
+    return true;
+  }
+  return false;
+}
+
 
 }  // namespace ks

@@ -108,4 +108,13 @@ const std::vector<std::string>& NvrtcBaseOptions();
 // Runs NVRTC in this process (used inside ks-worker). Links libnvrtc.
 CompileResult CompileWithNvrtc(const std::string& source, const std::string& arch, const std::string& cuda_home);
 
+// Whether a module image (a cubin) holds memory of its own that a kernel
+// could write and a later run read: any allocated ELF section but code
+// (.text.*), launch parameters (.nv.constant0.*, written by every launch) and
+// the shared-memory reservation (.nv.shared.*). __device__ (.nv.global),
+// __managed__, __constant__ (.nv.constant3) and .global variables declared
+// in inline PTX all make one. An image that cannot be read counts as having
+// some. ks-worker loads such a module afresh before every run.
+bool ModuleHasData(const std::string& image);
+
 }  // namespace ks

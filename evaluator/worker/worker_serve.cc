@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/base64.h"
+#include "evaluator/compiler.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/plan/launch_config.h"
 #include "evaluator/plan/worker_protocol.h"
@@ -48,9 +49,10 @@ struct GlobalSnapshot {
 };
 
 struct Candidate {
-  std::string cubin;  // loaded again before every run but the first
+  std::string cubin;  // loaded again before every run but the first, where it has data (ModuleHasData)
   Module module;
-  bool fresh = false;  // the module was (re)loaded and has not run since
+  bool fresh = false;   // the module was (re)loaded and has not run since
+  bool reload = true;   // ModuleHasData: the image has memory of its own to reset
   std::vector<LaunchSpec> launches;
   std::vector<DeviceBuffer> scratch;  // [guard][data][guard up to the allocation's end]
   std::vector<size_t> scratch_bytes;
@@ -174,6 +176,7 @@ class Worker {
     c.module = std::move(*m);
     c.cubin = req.cubin;
     c.fresh = true;
+    c.reload = ModuleHasData(c.cubin);  // evaluator/compiler.h
     wire::LoadReply reply;
     for (const auto& l : req.launches) {
       LaunchSpec s;
@@ -324,8 +327,9 @@ class Worker {
     Candidate& c = *cand_;
     // A fresh module for every run: every module-scope variable (__device__,
     // __managed__, __constant__, .global declared in inline asm, whatever the
-    // PTX regex finds or not) starts from the image again.
-    if (!c.fresh)
+    // PTX regex finds or not) starts from the image again. An image with no
+    // memory of its own (code, parameters and shared memory only) has none to reset.
+    if (!c.fresh && c.reload)
       if (auto bad = Reload(c)) return *bad;
     c.fresh = false;
     for (size_t i = 0; i < c.scratch.size(); ++i) {

@@ -285,3 +285,42 @@ TEST(CompilerTest, TheArchSpecificTargetOfEachArchitecture) {
 
 }  // namespace
 }  // namespace ks
+
+namespace ks {
+namespace {
+
+// Issue 31: which images ks-worker loads afresh before every run. Module-scope
+// memory of every kind counts, however it is declared; plain code does not.
+TEST(CompilerTest, AnImageWithModuleScopeMemoryOfAnyKindIsReloadedAndPlainCodeIsNot) {
+  const std::string kernel = R"(extern "C" __global__ void k(float* out) { out[threadIdx.x] = 1.f; })";
+  const std::pair<const char*, bool> cases[] = {
+      {"", false},
+      {"__device__ int counter;\n", true},
+      {"__device__ float table[4] = {1, 2, 3, 4};\n", true},
+      {"__managed__ unsigned seen[16];\n", true},
+      {"__constant__ unsigned bank[16];\n", true},
+  };
+  for (const auto& [prefix, has_data] : cases) {
+    std::string src = std::string(prefix) + kernel;
+    if (std::string(prefix).find("__constant__") != std::string::npos)  // used, so that it is kept
+      src = std::string(prefix) + R"(extern "C" __global__ void k(float* out) { out[threadIdx.x] = bank[threadIdx.x & 15]; })";
+    if (std::string(prefix).find("__managed__") != std::string::npos)
+      src = std::string(prefix) + R"(extern "C" __global__ void k(float* out) { out[threadIdx.x] = seen[threadIdx.x & 15]; })";
+    auto r = CompileCandidate(src, Opts());
+    ASSERT_TRUE(r.ok() && r->ok) << prefix << (r.ok() ? r->log : r.status().ToString());
+    EXPECT_EQ(ModuleHasData(r->cubin), has_data) << "'" << prefix << "'";
+  }
+  // A .global variable declared inside a function's inline PTX.
+  auto asm_global = CompileCandidate(R"(extern "C" __global__ void k(unsigned* out) {
+  unsigned long long p;
+  asm volatile("{\n .global .align 4 .u32 hidden[64];\n mov.u64 %0, hidden;\n}" : "=l"(p));
+  out[threadIdx.x] = reinterpret_cast<unsigned*>(p)[threadIdx.x & 63];
+})", Opts());
+  ASSERT_TRUE(asm_global.ok() && asm_global->ok) << (asm_global.ok() ? asm_global->log : "");
+  EXPECT_TRUE(ModuleHasData(asm_global->cubin));
+  EXPECT_TRUE(ModuleHasData("not an ELF image"));
+  EXPECT_TRUE(ModuleHasData(""));
+}
+
+}  // namespace
+}  // namespace ks
