@@ -22,8 +22,11 @@
 // unmarked: it stays correct, marked specialised (Evaluation::robustness).
 // Shifted sets are never warmed up on or timed.
 //
-// No state survives between runs, by construction (issue 31): every run
-// starts from device state the candidate cannot have written. The module is
+// No state survives between runs, by construction (issue 31): every checked
+// or timed run starts from device state the candidate cannot have written.
+// (Warm-up runs, back to back in one worker request, are neither timed nor,
+// but for the last, checked: what one leaves for the next decides nothing,
+// and the run after them is isolated from all of them.) The module is
 // loaded afresh, every allocation it can reach is restored in full, local
 // and shared memory are scrubbed; so a memo has nowhere to live, keyed by
 // pointer or by input content alike. Every place a kernel can write, and how

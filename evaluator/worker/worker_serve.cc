@@ -320,16 +320,21 @@ class Worker {
     return wire::ToJson(reply);
   }
 
-  // Before a run: globals restored, scratch refilled with junk, outputs
-  // poisoned, shared memory scrubbed; for a timed run also the L2 flush and
-  // the pad. An error reply, or nothing.
+  // Before a run: scratch refilled with junk, outputs poisoned, shared memory
+  // scrubbed. Before a checked run (every run but a warm-up's: `timed`) also
+  // everything a previous run could have left state in: the module loaded
+  // afresh, the L2 flush buffer rewritten, local memory scrubbed; and the pad.
+  // Warm-up runs are neither timed nor (but for the last) checked, so what
+  // one leaves for the next decides nothing; the run after them is isolated
+  // from all of them. An error reply, or nothing.
   std::optional<json> Prepare(bool timed) {
     Candidate& c = *cand_;
-    // A fresh module for every run: every module-scope variable (__device__,
-    // __managed__, __constant__, .global declared in inline asm, whatever the
-    // PTX regex finds or not) starts from the image again. An image with no
-    // memory of its own (code, parameters and shared memory only) has none to reset.
-    if (!c.fresh && c.reload)
+    // A fresh module for every checked run: every module-scope variable
+    // (__device__, __managed__, __constant__, .global declared in inline asm,
+    // whatever the PTX regex finds or not) starts from the image again. An
+    // image with no memory of its own (code, parameters and shared memory
+    // only) has none to reset.
+    if (timed && !c.fresh && c.reload)
       if (auto bad = Reload(c)) return *bad;
     c.fresh = false;
     for (size_t i = 0; i < c.scratch.size(); ++i) {
@@ -348,10 +353,12 @@ class Worker {
       if (r != CUDA_SUCCESS) return Sticky("poisoning outputs");
     }
     ++runs_;
-    // Before every run, not only timed ones: the flush buffer is rewritten in full, so it keeps nothing either.
-    if (flush_.get() && d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(runs_), flush_.bytes() / 4) != CUDA_SUCCESS)
-      return Sticky("flushing L2");
-    if (auto bad = ScrubLocal()) return *bad;
+    if (timed) {
+      // The flush buffer is rewritten in full, so it keeps nothing either.
+      if (flush_.get() && d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(runs_), flush_.bytes() / 4) != CUDA_SUCCESS)
+        return Sticky("flushing L2");
+      if (auto bad = ScrubLocal()) return *bad;
+    }
     if (scrub_fn_) {
       uint32_t v = static_cast<uint32_t>(runs_ * 0x9E3779B9u);
       void* scrub_args[] = {&v};
