@@ -26,7 +26,7 @@
 // or timed run starts from device state the candidate cannot have written.
 // (Warm-up runs, back to back in one worker request, are neither timed nor,
 // but for the last, checked: what one leaves for the next decides nothing,
-// and the run after them is isolated from all of them.) The module is
+// and the last one, which is checked, is isolated from all of them.) The module is
 // loaded afresh, every allocation it can reach is restored in full, local
 // and shared memory are scrubbed; so a memo has nowhere to live, keyed by
 // pointer or by input content alike. Every place a kernel can write, and how

@@ -268,7 +268,7 @@ class Worker {
     // sync before `start`: as in timing.py, the start event and the launches
     // queue behind the flush and the pad, so launch latency hides behind them
     // on both sides.
-    if (auto bad = Prepare(/*timed=*/true)) return *bad;
+    if (auto bad = Prepare(/*timed=*/true, /*isolated=*/true)) return *bad;
     d_->cuEventRecord(start_.get(), nullptr);
     if (split) d_->cuEventRecord(between_[0].get(), nullptr);
     if (auto bad = LaunchPlan(set, split)) return *bad;
@@ -310,7 +310,8 @@ class Worker {
     const size_t sets = std::max<size_t>(1, req.sets);
     const size_t first = req.first_set;
     for (int i = 0; i < runs; ++i) {
-      if (auto bad = Prepare(/*timed=*/false)) return *bad;
+      // Only the last run is checked: it alone must start from clean state.
+      if (auto bad = Prepare(/*timed=*/false, /*isolated=*/i == runs - 1)) return *bad;
       if (auto bad = LaunchPlan((first + i) % sets, /*split=*/false)) return *bad;
     }
     if (CUresult r = d_->cuCtxSynchronize(); r != CUDA_SUCCESS) return Sticky("running the plan", r);
@@ -321,20 +322,21 @@ class Worker {
   }
 
   // Before a run: scratch refilled with junk, outputs poisoned, shared memory
-  // scrubbed. Before a checked run (every run but a warm-up's: `timed`) also
-  // everything a previous run could have left state in: the module loaded
-  // afresh, the L2 flush buffer rewritten, local memory scrubbed; and the pad.
-  // Warm-up runs are neither timed nor (but for the last) checked, so what
-  // one leaves for the next decides nothing; the run after them is isolated
-  // from all of them. An error reply, or nothing.
-  std::optional<json> Prepare(bool timed) {
+  // scrubbed. Before a checked run (`isolated`: every run but a warm-up's
+  // first ones) also everything a previous run could have left state in: the
+  // module loaded afresh, the L2 flush buffer rewritten, local memory
+  // scrubbed. A timed run also gets the pad. Warm-up runs before the last are
+  // neither timed nor checked, so what one leaves for the next decides
+  // nothing, and the last (checked) one is isolated from all of them. An
+  // error reply, or nothing.
+  std::optional<json> Prepare(bool timed, bool isolated) {
     Candidate& c = *cand_;
     // A fresh module for every checked run: every module-scope variable
     // (__device__, __managed__, __constant__, .global declared in inline asm,
     // whatever the PTX regex finds or not) starts from the image again. An
     // image with no memory of its own (code, parameters and shared memory
     // only) has none to reset.
-    if (timed && !c.fresh && c.reload)
+    if (isolated && !c.fresh && c.reload)
       if (auto bad = Reload(c)) return *bad;
     c.fresh = false;
     for (size_t i = 0; i < c.scratch.size(); ++i) {
@@ -353,7 +355,7 @@ class Worker {
       if (r != CUDA_SUCCESS) return Sticky("poisoning outputs");
     }
     ++runs_;
-    if (timed) {
+    if (isolated) {
       // The flush buffer is rewritten in full, so it keeps nothing either.
       if (flush_.get() && d_->cuMemsetD32(flush_.get(), static_cast<uint32_t>(runs_), flush_.bytes() / 4) != CUDA_SUCCESS)
         return Sticky("flushing L2");
