@@ -140,7 +140,7 @@ TEST(RooflineTest, MixedClassesAddTheirTimes) {
 }
 
 TEST(RooflineTest, DeclaredFlopsWithoutSplitTakeTheOutputClass) {
-  DevicePeaks peaks = H100();
+  DevicePeaks peaks = H100WithFp16();
   Signature s = Gemm(4096, DType::kFloat16, "fp16");
   s.flops_source = "FLOPS";
   s.flops_by_class.clear();

@@ -312,7 +312,7 @@ TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
   for (const char* name :
        {"problem_name", "problem_source", "signature_table", "gpu_facts", "parent_description", "parent_code",
         "parent_measurements", "num_ideas", "idea", "candidate_source", "candidate_plan", "failure_status",
-        "bank_examples", "failure_details", "launch_limits", "best_kernels"})
+        "bank_examples", "failure_details", "launch_limits", "best_kernels", "judging"})
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
   v.SetList("hopper", {{{"hopper_target", "<hopper_target>"}}});

@@ -177,12 +177,15 @@ TEST(Convert, TheRobustnessAndPrecisionContractsTravelFromSubmit) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   SearchConfig full = ToSearchConfig(*c, SearchConfig{});
   EXPECT_TRUE(full.require_robust);
-  EXPECT_EQ(full.precision, "tf32");
-  EXPECT_EQ(ValidateSearchConfig(pb::SearchConfig(), ConfigBounds())->precision(), "fp32");  // the default
+  EXPECT_EQ(full.precision, "high");  // tf32 is an alias: stored under PyTorch's name (issue 36)
+  EXPECT_EQ(ValidateSearchConfig(pb::SearchConfig(), ConfigBounds())->precision(), "highest");  // the default
+  in.set_precision("kernelbench");
+  EXPECT_EQ(ValidateSearchConfig(in, ConfigBounds())->precision(), "kernelbench");
   in.set_precision("fp16");
   auto bad = ValidateSearchConfig(in, ConfigBounds());
   EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("fp32 or tf32"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("highest, high, medium or kernelbench"), std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -195,7 +195,7 @@ TEST_F(LeaseStoreTest, AnEvaluationIsSharedOnlyUnderOnePrecisionContract) {
   auto l = store_->LeaseCandidates("w1", 5, 10, 1000);
   ASSERT_EQ(l->size(), 2u);
   EXPECT_EQ((*l)[0].candidate.id, a);
-  EXPECT_EQ((*l)[0].precision, "fp32");
+  EXPECT_EQ((*l)[0].precision, "highest");
   EXPECT_EQ((*l)[1].candidate.id, b);
   EXPECT_EQ((*l)[1].precision, "tf32");
   auto done = store_->CompleteLease(b, (*l)[1].lease_id, Correct(0.5), 1001);
@@ -212,7 +212,7 @@ TEST_F(LeaseStoreTest, AnEvaluationIsSharedOnlyUnderOnePrecisionContract) {
   EXPECT_EQ(store_->GetCandidate(d)->evaluation->reused_from, a);
   // The orchestrator's reuse (local searches) looks under the same contract.
   EXPECT_EQ((*store_->FindEvaluatedByHash(problem_, store_->GetCandidate(a)->content_hash, "tf32"))->id, b);
-  EXPECT_EQ((*store_->FindEvaluatedByHash(problem_, store_->GetCandidate(a)->content_hash, "fp32"))->id, a);
+  EXPECT_EQ((*store_->FindEvaluatedByHash(problem_, store_->GetCandidate(a)->content_hash, "highest"))->id, a);
 }
 
 TEST_F(LeaseStoreTest, EvaluatedElsewhereWhileLeasedRefusesTheLateReport) {
