@@ -66,6 +66,15 @@ std::string CasePath(const std::string& name) {
   return std::string(KS_SOURCE_DIR) + "/tests/adversarial/cases/" + name + ".md";
 }
 
+// The candidates of `cases`, in order, from tests/adversarial/cases/.
+void LoadCases(const std::vector<Expectation>& cases, std::vector<Candidate>* out) {
+  for (const auto& c : cases) {
+    auto cand = LoadCandidateFiles(CasePath(c.file), "");
+    ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
+    out->push_back(*cand);
+  }
+}
+
 bool StatusAccepted(const std::string& accepted, EvalStatus s) {
   std::string name = EvalStatusName(s);
   size_t start = 0;
@@ -96,11 +105,7 @@ void ExpectCases(const std::string& fixture, const std::vector<Expectation>& cas
   GpuEvaluator* ev = EvaluatorFor(GpuFixture(fixture));
   ASSERT_NE(ev, nullptr);
   std::vector<Candidate> cands;
-  for (const auto& c : cases) {
-    auto cand = LoadCandidateFiles(CasePath(c.file), "");
-    ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
-    cands.push_back(*cand);
-  }
+  ASSERT_NO_FATAL_FAILURE(LoadCases(cases, &cands));
   auto results = ev->EvaluateBatch(cands);
   ASSERT_TRUE(results.ok()) << results.status().ToString();
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -118,11 +123,7 @@ TEST(AdversarialTest, EveryCheatIsRejectedAndTheControlPassesInTheSameBatch) {
   GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"), 3, /*run_timeout_s=*/3, /*compile_timeout_s=*/10);
   ASSERT_NE(ev, nullptr);
   std::vector<Candidate> cands;
-  for (const auto& c : ScaleCases()) {
-    auto cand = LoadCandidateFiles(CasePath(c.file), "");
-    ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
-    cands.push_back(*cand);
-  }
+  ASSERT_NO_FATAL_FAILURE(LoadCases(ScaleCases(), &cands));
   // Attack 10: ten megabytes of source.
   cands.push_back({std::string(10 << 20, ' ') + "extern \"C\" __global__ void scale(const float* x, float* out, long long n) {}",
                    cands[0].plan_json});
@@ -159,11 +160,7 @@ TEST(AdversarialTest, EveryCheatIsRejectedUnderEveryContract) {
     GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"), 3, /*run_timeout_s=*/3, /*compile_timeout_s=*/10, contract);
     ASSERT_NE(ev, nullptr);
     std::vector<Candidate> cands;
-    for (const auto& c : ScaleCases()) {
-      auto cand = LoadCandidateFiles(CasePath(c.file), "");
-      ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
-      cands.push_back(*cand);
-    }
+    ASSERT_NO_FATAL_FAILURE(LoadCases(ScaleCases(), &cands));
     auto results = ev->EvaluateBatch(cands);
     ASSERT_TRUE(results.ok()) << results.status().ToString();
     for (size_t i = 0; i < ScaleCases().size(); ++i) {
@@ -220,11 +217,7 @@ TEST(AdversarialTest, NoMemoSurvivesInManagedAsmDeclaredConstantSlackOrLocalMemo
       {"control_scale", "correct", ""},
   };
   std::vector<Candidate> cands;
-  for (const auto& c : cases) {
-    auto cand = LoadCandidateFiles(CasePath(c.file), "");
-    ASSERT_TRUE(cand.ok()) << c.file << ": " << cand.status().ToString();
-    cands.push_back(*cand);
-  }
+  ASSERT_NO_FATAL_FAILURE(LoadCases(cases, &cands));
   // Twice: the second batch runs in the same worker, after every memo had its chance.
   for (int round = 0; round < 2; ++round) {
     auto results = ev->EvaluateBatch(cands);
@@ -239,9 +232,10 @@ TEST(AdversarialTest, NoMemoSurvivesInManagedAsmDeclaredConstantSlackOrLocalMemo
       EXPECT_THAT(e.message, ::testing::Not(::testing::HasSubstr("elements wrong"))) << c.file << ": state survived";
       if (e.status == EvalStatus::kIncorrect)
         EXPECT_THAT(e.message, ::testing::HasSubstr("keeps state across runs")) << c.file;
-      if (e.correct() && c.file != "control_scale" && (*results)[0].timing && e.timing)
+      if (e.correct() && c.file != "control_scale" && (*results)[0].timing && e.timing) {
         // Timed honestly: a memo that worked would be faster than the control.
         EXPECT_GT(e.timing->median_ms, 0.9 * (*results)[0].timing->median_ms) << c.file;
+      }
     }
   }
 }

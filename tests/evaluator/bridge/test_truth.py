@@ -34,24 +34,9 @@ def get_init_inputs():
 
 # Attention whose keys come in twins one float32 rounding apart: at the
 # logits of the x 1e5 set, float32 cannot tell which twin wins the softmax
-# (torch 1.13 has no scaled_dot_product_attention: matmul + softmax).
-ATTENTION = '''
-import torch
-
-class Model(torch.nn.Module):
-    def forward(self, q, k, v):
-        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
-
-def get_inputs():
-    b, n, d = 4, 64, 16
-    q = torch.randn(b, n, d)
-    k = torch.randn(b, n // 2, d)
-    k = torch.stack([k, k * (1 + 2e-7 * torch.randn(b, n // 2, d))], dim=2).reshape(b, n, d)
-    return [q, k, torch.randn(b, n, d)]
-
-def get_init_inputs():
-    return []
-'''
+# (matmul + softmax: torch 1.13 has no scaled_dot_product_attention). The
+# GPU tests' fixture, so that both judge the same problem.
+ATTENTION = (ROOT / "tests" / "evaluator" / "gpu_fixtures" / "attention_twins.py").read_text()
 
 
 def _problem(tmp_path, text, name="problem.py"):
