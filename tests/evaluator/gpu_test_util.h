@@ -41,6 +41,7 @@ inline GpuEvaluator* EvaluatorFor(const std::string& problem, int sets = 3, doub
   ro.sets = sets;
   ro.device = "cuda";
   ro.time = true;
+  ro.precision = precision;  // the baselines timed under the contract (high, medium)
   auto ref = PrepareReference(problem, ro);
   if (!ref.ok()) {
     ADD_FAILURE() << "reference for " << problem << ": " << ref.status().ToString();

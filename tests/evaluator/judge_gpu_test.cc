@@ -143,6 +143,8 @@ TEST(JudgeGpuTest, A1xTf32GemmIsIncorrectUnderHighestAndCorrectUnderHigh) {
   Print("1xTF32 GEMM (high)", tf32);
   EXPECT_EQ(tf32.status, EvalStatus::kCorrect) << tf32.message;
   EXPECT_EQ(tf32.precision, "high");
+  // Both baselines were timed under the contract.
+  EXPECT_THAT(tf32.baseline, HasSubstr("torch.set_float32_matmul_precision(\"high\")")) << tf32.baseline;
 }
 
 TEST(JudgeGpuTest, HalfPrecisionArithmeticIsCorrectUnderKernelBenchOnly) {

@@ -62,6 +62,27 @@ TEST(SuiteFiguresTest, FastPCountsEveryProblemAndIsStrict) {
   EXPECT_NE(table.find("over 3 problems"), std::string::npos) << table;
 }
 
+// Issue 36: fast_p against the faster of eager and torch.compile (as
+// KernelBench-v3 reports), and the precision contract next to the figures.
+TEST(SuiteFiguresTest, FastPAgainstTheFasterBaselineAndTheContractAreReported) {
+  std::vector<SuiteProblemResult> rows = {Row("a", true, 4.0, 3.0), Row("b", true, 2.5, 0.9), Row("c", true, 1.5, 1.2)};
+  for (auto& r : rows) r.precision = "kernelbench";
+  SuiteFigures f = ComputeSuiteFigures(rows);
+  EXPECT_DOUBLE_EQ(f.fast_best[1], 2.0 / 3);  // a (3.0) and c (1.2); b is slower than torch.compile
+  EXPECT_DOUBLE_EQ(f.fast_best[2], 1.0 / 3);
+  EXPECT_EQ(f.precision, "kernelbench");
+  auto j = SuiteFiguresToJson(f);
+  EXPECT_EQ(j["precision"], "kernelbench");
+  EXPECT_NEAR(j["fast_1_best"].get<double>(), 2.0 / 3, 1e-12);
+  std::string table = RenderSuiteFigures(f);
+  EXPECT_NE(table.find("vs the faster"), std::string::npos) << table;
+  EXPECT_NE(table.find("precision contract: kernelbench"), std::string::npos) << table;
+  rows[0].precision = "tf32";  // an alias, stored by an older version
+  EXPECT_EQ(ComputeSuiteFigures(rows).precision, "mixed");
+  rows[1].precision = rows[2].precision = "high";
+  EXPECT_EQ(ComputeSuiteFigures(rows).precision, "high");
+}
+
 TEST(SuiteFiguresTest, EmptyAndAllFailedHaveNoGeomean) {
   SuiteFigures none = ComputeSuiteFigures({});
   EXPECT_EQ(none.problems, 0);
