@@ -3,7 +3,10 @@
     import sys; sys.path.insert(0, "<this folder>")
     from kernel_module import ModelNew
     model = ModelNew(*problem.get_init_inputs()).cuda()
-    out = model(*inputs)
+    out = model(*inputs)                               # the kernel, eagerly
+    fast = torch.compile(model, fullgraph=True)        # one graph, no break
+    graphed = torch.compile(model, mode="reduce-overhead")  # CUDA graphs
+    loss = fast(*inputs).sum(); loss.backward()        # trainable
 
 ModelNew is the problem's Model (same constructor, parameters and state_dict
 keys, so weights load as they are) whose forward runs the exported kernel on
@@ -15,13 +18,71 @@ shapes of each call's tensors and every argument is passed as the kernel's
 parameter takes it, by the evaluator's rules (ks_launch_plan.py). The kernel was
 verified at the problem's shapes (SIGNATURE) on get_inputs()'s data and on
 distribution-shifted copies of it (ROBUSTNESS says what held); at other shapes
-it runs when its plan allows, unverified. No autograd: use it for inference.
+it runs when its plan allows, unverified.
+
+A PyTorch operator (torch >= 2.4). The kernel is registered with
+torch.library.custom_op as OP_NAME (kernelsearch::candidate_<id>), taking the
+forward's inputs and every state_dict tensor of the module as tensor arguments,
+so that torch.compile sees one operator, not Python it cannot trace: a model
+that uses ModelNew compiles with fullgraph=True. Its fake implementation gives
+the outputs' shapes by running the problem's own forward on the fake tensors
+(at the signature's shapes, the signature's). On an older torch, OP is None,
+OP_NOTE says why, and ModelNew calls the kernel as a plain eager Python call:
+no autograd, and a graph break under torch.compile.
+
+CUDA graphs (torch.cuda.CUDAGraph, mode="reduce-overhead"). A call launches on
+the current stream and neither synchronizes nor allocates outside PyTorch:
+outputs and scratch buffers come from PyTorch's caching allocator (inside a
+capture, from the graph's pool), plans and output shapes are cached per shape.
+NVRTC compiles and the driver loads the module at the first eager call on a
+device (or at prepare()); a capture that would have to load it first is
+refused with that advice, since module loading is not capture-safe
+(reduce-overhead warms up eagerly before it records). A TMA tensor map is
+encoded on the host for each call's own tensor and passed by value as a
+__grid_constant__ parameter: the driver copies kernel parameters when it
+launches, and a captured launch keeps its copy in the graph node, so no
+descriptor memory has to outlive the call; the map names the captured
+tensor's address, which a replay reads again (as every captured kernel reads
+its static inputs).
+
+Autograd: ModelNew is trainable. The forward runs the kernel and keeps only
+its inputs and parameters (references, no copies); the backward recomputes
+the problem's own forward under autograd on those tensors, with the module's
+non-tensor attributes and train/eval mode, and returns PyTorch's own
+gradients of it (torch.autograd.grad with the incoming gradients). This is
+activation checkpointing around the kernel: PyTorch's backward exactly as the
+problem's Model defines it, whatever the operator is, with less activation
+memory than eager; the price is one more PyTorch forward in every backward,
+so a training step gains only what the kernel saves in the forward (see
+benchmark()'s train_* figures). Under torch.compile the recomputation and its
+backward are traced into the compiled backward graph like any PyTorch code.
+Gradients reach the inputs and the parameters (the Model's own) because both
+are arguments of the operator. Saving the Model's intermediates instead would
+need the Model's forward run in the forward beside the kernel, which is the
+cost the kernel exists to avoid.
+
+Why ctypes and not NVIDIA's cuda-python: the module needs about fifteen
+driver and NVRTC entry points whose C ABI has been stable since CUDA 12.0
+(cuLaunchKernelEx, cuTensorMapEncodeTiled included). ctypes binds them in the
+driver that PyTorch itself loaded, so the module runs wherever torch runs,
+with nothing to install. cuda-python would add a package whose version must
+match the driver's and toolkit's major version (its 12.x and 13.x bindings
+differ) and give typed objects that still need converting to and from
+torch's raw stream and pointer integers; its per-launch Python cost is of the
+same order. What ctypes costs: the structures (CUlaunchConfig,
+CUlaunchAttribute, CUtensorMap) are written out here, and every function is
+declared with its argument types (_bind) so a wrong argument fails in Python
+rather than in the driver. Under CUDA graphs the per-launch Python cost is
+gone altogether: a replay launches from the graph.
 
 Before trusting it in your model, verify and time it on your own data:
 
-    from kernel_module import check, benchmark
-    print(check(model, *my_inputs))      # against the problem's Model, same weights
-    print(benchmark(model, *my_inputs))  # medians of the kernel and of PyTorch eager
+    from kernel_module import check, check_backward, benchmark
+    print(check(model, *my_inputs))           # against the problem's Model, same weights
+    print(check_backward(model, *my_inputs))  # gradients of a training step, same rule
+    print(benchmark(model, *my_inputs))       # forward and training step vs PyTorch eager
+
+All three take a torch.compile'd model as well.
 
 The kernel was compiled for @@TARGET@@. An arch-specific target (sm_90a:
 Hopper's wgmma, setmaxnreg) runs only on that architecture, so on any other
@@ -73,6 +134,8 @@ PRELUDE = "@@PRELUDE@@"
 EXPORT_CUDA_HOME = "@@CUDA_HOME@@"
 # The NVRTC target the evaluation compiled for ("sm_90a", or "sm_90" and older).
 TARGET = "@@TARGET@@"
+# The candidate's id in the store (the operator's name: kernelsearch::candidate_<id>).
+CANDIDATE_ID = "@@ID@@"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "int8": torch.int8,
@@ -313,6 +376,12 @@ def _loaded(device_index):
     with _LOCK:
         entry = _LOADED.get(device_index)
         if entry is None:
+            if torch.cuda.is_current_stream_capturing():
+                # Loading a module may allocate and synchronize: not allowed while a CUDA graph is captured.
+                raise RuntimeError(
+                    "kernelsearch export: the kernel is not loaded on cuda:%d yet, and it cannot be loaded while a "
+                    "CUDA graph is being captured. Call the model once eagerly (or model.prepare()) before the "
+                    "capture, as CUDA graph capture asks of every library." % device_index)
             entry = _LOADED[device_index] = _Loaded(device_index)
     _check(_cuda().cuCtxSetCurrent(entry.ctx), "cuCtxSetCurrent")
     return entry
@@ -362,7 +431,8 @@ def _launch(entry, launch, pointers, stream, maps=None):
                                  None), "cuLaunchKernel " + launch["kernel"])
 
 
-def _tensor_arg(value, spec, device):
+def _check_tensor(value, spec, device):
+    """`value` as the signature's tensor `spec` on `device`, or the reason why not."""
     name = spec["name"]
     if not isinstance(value, torch.Tensor):
         raise TypeError("%s: expected a tensor, got %s" % (name, type(value).__name__))
@@ -371,93 +441,397 @@ def _tensor_arg(value, spec, device):
         raise TypeError("%s: the kernel takes %s, got %s" % (name, want, value.dtype))
     if value.device != device:
         raise ValueError("%s is on %s; the call runs on %s" % (name, value.device, device))
+
+
+def _tensor_arg(value, spec, device):
+    _check_tensor(value, spec, device)
     return value.detach().contiguous()
 
 
+# ---- the call: inputs and state in, outputs out ----
+
+# Forward's inputs in order; the module's state tensors (state_dict keys) as
+# attribute paths ("ln.weight" -> ("ln", "weight")), read so that torch.compile
+# traces them as the module's parameters and buffers.
+_INPUT_NAMES = tuple(spec["name"] for spec in SIGNATURE["inputs"])
+_STATE_PATHS = tuple(tuple(spec["name"].split(".")) for spec in SIGNATURE["parameters"])
+_SCALAR_TYPES = {"float32": "float", "float64": "float", "float16": "float", "bfloat16": "float", "bool": "bool"}
+_CACHE_LIMIT = 256
+
+
+def _bind_inputs(args, kwargs):
+    """forward's arguments in SIGNATURE["inputs"] order."""
+    inputs = list(args)
+    kwargs = dict(kwargs)
+    for name in _INPUT_NAMES[len(inputs):]:
+        if name not in kwargs:
+            raise TypeError("missing input '%s'" % name)
+        inputs.append(kwargs.pop(name))
+    if kwargs or len(inputs) != len(_INPUT_NAMES):
+        raise TypeError("expected the inputs %s" % list(_INPUT_NAMES))
+    return inputs
+
+
+def _member(module, path):
+    for part in path:
+        module = getattr(module, part)
+    return module
+
+
+def _call_device(inputs, fake=False):
+    """The device a call runs on: its first tensor input's (meta only for shapes)."""
+    device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), None)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda" and not (fake and device.type == "meta"):
+        raise ValueError("the exported kernel runs on CUDA tensors; got %s" % device)
+    return device
+
+
+def _same_as_signature(inputs, state):
+    """Every tensor has the signature's shape and every scalar its value."""
+    for spec, value in zip(SIGNATURE["inputs"] + SIGNATURE["parameters"], list(inputs) + list(state)):
+        if spec["kind"] == "scalar":
+            if value != spec["value"]:
+                return False
+        elif list(value.shape) != spec["shape"]:
+            return False
+    return True
+
+
+class _Reference(torch.nn.Module):
+    """The problem's own forward (Model.forward, never the kernel) of a
+    ModelNew, for torch.func.functional_call to run with other state tensors."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, *inputs):
+        return _problem.Model.forward(self.m, *inputs)
+
+
+_MODEL_LOCK = threading.RLock()  # functional_call swaps a module's tensors while it runs
+
+
+def _reference_outputs(model, training, inputs, state):
+    """The problem's forward of `model` in train (or eval) mode on `inputs`,
+    with its state_dict tensors replaced by `state` (SIGNATURE["parameters"]
+    order): fake, meta or real tensors; under autograd where grad mode is on."""
+    subst = {"m." + spec["name"]: t for spec, t in zip(SIGNATURE["parameters"], state)}
+    func = getattr(torch, "func", None)
+    with _MODEL_LOCK:
+        was = model.training
+        if was != training:
+            model.train(training)
+        try:
+            if func is not None and hasattr(func, "functional_call"):
+                # Tied weights arrive as separate arguments; each is substituted on its own.
+                out = func.functional_call(_Reference(model), subst, tuple(inputs), tie_weights=False)
+            else:  # torch 1.x
+                from torch.nn.utils import stateless
+                out = stateless.functional_call(_Reference(model), subst, tuple(inputs))
+        finally:
+            if was != training:
+                model.train(was)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(outs) != len(SIGNATURE["outputs"]):
+        raise ValueError("the reference returned %d outputs; the signature has %d" %
+                         (len(outs), len(SIGNATURE["outputs"])))
+    return outs
+
+
+def _output_shapes(model, training, inputs, state):
+    """The outputs' shapes at these inputs: the signature's at its own shapes,
+    else the problem's forward run on the meta device."""
+    if _same_as_signature(inputs, state):
+        return [spec["shape"] for spec in SIGNATURE["outputs"]]
+    meta = lambda v: torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) else v  # noqa: E731
+    try:
+        with torch.no_grad():
+            outs = _reference_outputs(model, training, [meta(v) for v in inputs], [meta(v) for v in state])
+    except Exception as e:
+        raise ValueError("cannot tell the output shapes at input shapes %s (the kernel was verified at %s): %s" %
+                         ([list(v.shape) for v in inputs if isinstance(v, torch.Tensor)],
+                          [s.get("shape") for s in SIGNATURE["inputs"]], e))
+    return [list(o.shape) for o in outs]
+
+
+_PLANS = {}  # (model key, training, shapes, scalars) -> (output shapes, resolved plan)
+
+
+def _run(model_key, training, device, inputs, state):
+    """Runs the plan on `device`'s current stream: outputs (a list). Capture-safe
+    once the module is loaded: no synchronization, every buffer from torch."""
+    pointers = {}
+    shapes, scalars = [], []
+    for spec, value in zip(SIGNATURE["inputs"] + SIGNATURE["parameters"], list(inputs) + list(state)):
+        if spec["kind"] == "scalar":
+            scalars.append(value.item() if isinstance(value, torch.Tensor) else value)
+            continue
+        t = _tensor_arg(value, spec, device)
+        pointers.setdefault(spec["name"], t)
+        shapes.append(tuple(t.shape))
+    key = (model_key, bool(training), tuple(shapes), tuple(scalars))
+    cached = _PLANS.get(key)
+    if cached is None:
+        cached = _PLANS[key] = _plan_for(_model(model_key), training, inputs, state, scalars)
+        if len(_PLANS) > _CACHE_LIMIT:
+            _PLANS.clear()
+            _PLANS[key] = cached
+    out_shapes, plan = cached
+    outputs = []
+    for spec, shape in zip(SIGNATURE["outputs"], out_shapes):
+        t = torch.empty(shape, dtype=_DTYPES[spec["dtype"]], device=device)
+        pointers.setdefault(spec["name"], t)
+        outputs.append(t)
+    for s in plan["scratch"]:  # not zeroed, as in the evaluator; from the caching allocator
+        pointers[s["name"]] = torch.empty(s["bytes"], dtype=torch.uint8, device=device)
+    entry = _loaded(device.index if device.index is not None else torch.cuda.current_device())
+    # Built after the module loaded (the driver is initialised), over this call's tensors;
+    # passed by value, so the launch (or the captured graph node) keeps its own copy.
+    maps = {m["name"]: _encode_tensor_map(m, pointers[m["tensor"]].data_ptr())
+            for m in plan.get("tensor_maps", [])}
+    stream = torch.cuda.current_stream(device).cuda_stream
+    for launch in plan["launches"]:
+        _launch(entry, launch, pointers, stream, maps)
+    return outputs
+
+
+def _plan_for(model, training, inputs, state, scalars):
+    """(output shapes, the plan resolved at these shapes), checked against the
+    evaluator's resolution at the signature's own shapes and values."""
+    out_shapes = _output_shapes(model, training, inputs, state)
+    env = _plan.Env()
+    values = iter(scalars)
+    for spec, value in zip(SIGNATURE["inputs"] + SIGNATURE["parameters"], list(inputs) + list(state)):
+        if spec["kind"] == "scalar":
+            env.add_scalar(spec["name"], next(values), spec["dtype"] in _plan.FLOAT_DTYPES)
+        else:
+            env.add_tensor(spec["name"], tuple(value.shape), spec["dtype"])
+    for spec, shape in zip(SIGNATURE["outputs"], out_shapes):
+        env.add_tensor(spec["name"], tuple(shape), spec["dtype"])
+    plan = _plan.resolve_plan(PLAN, KERNELS, env)
+    if _same_as_signature(inputs, state) and plan != RESOLVED:
+        raise AssertionError("kernelsearch export is broken: the plan resolves to\n%s\nhere but the evaluator "
+                             "resolved it to\n%s" % (json.dumps(plan), json.dumps(RESOLVED)))
+    return [list(s) for s in out_shapes], plan
+
+
+# ---- ModelNew instances, by the key the operator carries ----
+
+_MODELS = {}  # key -> weakref to a ModelNew
+_NEXT_KEY = [0]
+
+
+def _register_model(model):
+    import weakref
+    with _MODEL_LOCK:
+        key = _NEXT_KEY[0]
+        _NEXT_KEY[0] += 1
+        _MODELS[key] = weakref.ref(model, lambda _ref, key=key: _MODELS.pop(key, None))
+    return key
+
+
+def _model(key):
+    ref = _MODELS.get(key)
+    model = ref() if ref is not None else None
+    if model is None:
+        raise RuntimeError("the ModelNew this call belongs to (key %d) no longer exists" % key)
+    return model
+
+
+# ---- the PyTorch custom operator (torch >= 2.4) ----
+#
+# kernelsearch::candidate_<id>(int ks_model, bool ks_training, <inputs>, <state tensors>) -> outputs.
+# ks_model names the ModelNew (whose problem forward gives the fake shapes and
+# the backward), ks_training its mode; the rest are forward's inputs
+# (tensors, or int/float/bool scalars) and every state_dict tensor.
+
+def _op_schema():
+    """The operator's schema, from the signature."""
+    def arg_name(prefix, i, name):
+        return "%s%d_%s" % (prefix, i, "".join(c if c.isalnum() else "_" for c in name))
+    args = ["int ks_model", "bool ks_training"]
+    for i, spec in enumerate(SIGNATURE["inputs"]):
+        kind = "Tensor" if spec["kind"] != "scalar" else _SCALAR_TYPES.get(spec["dtype"], "int")
+        args.append("%s %s" % (kind, arg_name("in", i, spec["name"])))
+    for i, spec in enumerate(SIGNATURE["parameters"]):
+        args.append("Tensor %s" % arg_name("state", i, spec["name"]))
+    n = len(SIGNATURE["outputs"])
+    returns = "Tensor" if n == 1 else "(%s)" % ", ".join(["Tensor"] * n)
+    return "(%s) -> %s" % (", ".join(args), returns)
+
+
+def _op_scalar(spec, value):
+    """A scalar input as the operator's schema takes it."""
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    kind = _SCALAR_TYPES.get(spec["dtype"], "int")
+    return float(value) if kind == "float" else bool(value) if kind == "bool" else int(value)
+
+
+def _split(args):
+    n = len(SIGNATURE["inputs"])
+    return list(args[:n]), list(args[n:])
+
+
+def _call_kernel(model_key, training, inputs, state):
+    """The kernel on the inputs' device: its outputs, one tensor or a tuple."""
+    device = _call_device(inputs)
+    with torch.cuda.device(device):
+        outputs = _run(model_key, training, device, inputs, state)
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _op_forward(ks_model, ks_training, *args):
+    """The real implementation: runs the kernel."""
+    inputs, state = _split(args)
+    return _call_kernel(ks_model, ks_training, inputs, state)
+
+
+def _op_fake(ks_model, ks_training, *args):
+    """The fake (meta) implementation: outputs of the right shapes, dtypes and
+    device, from the problem's own forward run on the fake tensors."""
+    inputs, state = _split(args)
+    device = _call_device(inputs, fake=True)
+    for spec, value in zip(SIGNATURE["inputs"] + SIGNATURE["parameters"], inputs + state):
+        if spec["kind"] != "scalar":
+            _check_tensor(value, spec, device)
+    try:
+        with torch.no_grad():
+            shapes = [o.shape for o in _reference_outputs(_model(ks_model), ks_training, inputs, state)]
+    except Exception as e:  # noqa: BLE001 - a forward that fake tensors cannot run
+        if not _same_as_signature(inputs, state):
+            raise ValueError("cannot tell the output shapes at input shapes %s (the kernel was verified at %s): %s"
+                             % ([list(v.shape) for v in inputs if isinstance(v, torch.Tensor)],
+                                [s.get("shape") for s in SIGNATURE["inputs"]], e))
+        shapes = [spec["shape"] for spec in SIGNATURE["outputs"]]
+    outputs = [torch.empty(shape, dtype=_DTYPES[spec["dtype"]], device=device)
+               for spec, shape in zip(SIGNATURE["outputs"], shapes)]
+    return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _op_setup_context(ctx, inputs, output):
+    """Keeps the operator's inputs (references) for the backward's recomputation."""
+    ctx.ks_model, ctx.ks_training = inputs[0], inputs[1]
+    args = inputs[2:]
+    ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
+    ctx.scalars = [None if t else a for a, t in zip(args, ctx.is_tensor)]
+    ctx.save_for_backward(*[a for a, t in zip(args, ctx.is_tensor) if t])
+
+
+def _op_backward(ctx, *grads):
+    """PyTorch's own gradients of the problem's forward, recomputed on the
+    saved inputs and state (see the module docstring)."""
+    saved = iter(ctx.saved_tensors)
+    args = [next(saved) if t else s for t, s in zip(ctx.is_tensor, ctx.scalars)]
+    want = [bool(n) and t for n, t in zip(ctx.needs_input_grad[2:], ctx.is_tensor)]
+    if not any(want):
+        return (None,) * (2 + len(args))
+    create_graph = torch.is_grad_enabled()  # a double backward differentiates this one too
+    with torch.enable_grad():
+        leaves = [a.detach().requires_grad_(w) if t else a for a, t, w in zip(args, ctx.is_tensor, want)]
+        inputs, state = _split(leaves)
+        outs = _reference_outputs(_model(ctx.ks_model), ctx.ks_training, inputs, state)
+        pairs = [(o, g) for o, g in zip(outs, grads)
+                 if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        wanted = [leaf for leaf, w in zip(leaves, want) if w]
+        if pairs:
+            got = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
+                                      create_graph=create_graph)
+        else:
+            got = [None] * len(wanted)
+    got = iter(got)
+    return (None, None) + tuple(next(got) if w else None for w in want)
+
+
+def _op_exists(name):
+    try:
+        getattr(torch.ops.kernelsearch, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _register_op():
+    """(the operator's OpOverload, its name, "") or (None, "", why not)."""
+    library = getattr(torch, "library", None)
+    custom_op = getattr(library, "custom_op", None)
+    if custom_op is None:
+        return None, "", ("torch %s has no torch.library.custom_op (torch 2.4 and later): ModelNew calls the kernel "
+                          "as a plain eager Python call, without autograd (use it for inference), and "
+                          "torch.compile breaks the graph around it" % torch.__version__)
+    if not any(spec["kind"] != "scalar" for spec in SIGNATURE["inputs"] + SIGNATURE["parameters"]):
+        return None, "", "the operator takes no tensor, so PyTorch cannot dispatch it: ModelNew calls the kernel eagerly"
+    base = "candidate_" + "".join(c if c.isalnum() else "_" for c in CANDIDATE_ID)
+    name, n = base, 1
+    while _op_exists(name):  # another import of an export in this process: never replace its operator
+        n += 1
+        name = "%s_%d" % (base, n)
+    try:
+        op = custom_op("kernelsearch::" + name, _op_forward, mutates_args=(), schema=_op_schema())
+        op.register_fake(_op_fake)
+        op.register_autograd(_op_backward, setup_context=_op_setup_context)
+        overload = getattr(torch.ops.kernelsearch, name).default
+    except Exception as e:  # noqa: BLE001 - reported in OP_NOTE; the kernel still runs eagerly
+        return None, "", ("registering the custom operator kernelsearch::%s failed (%s: %s): ModelNew calls the "
+                          "kernel eagerly, without autograd" % (name, type(e).__name__, e))
+    return overload, "kernelsearch::" + name, ""
+
+
+OP, OP_NAME, OP_NOTE = _register_op()
+_WARNED = []
+
+
 class ModelNew(_problem.Model):
-    """The problem's Model, running the exported kernel in forward."""
+    """The problem's Model, running the exported kernel in forward (the
+    PyTorch operator OP where there is one; see the module docstring)."""
+
+    _ks_reference_forward = False  # check() and benchmark() set it to run the problem's forward
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ks_key = _register_model(self)
+
+    def __setstate__(self, state):  # copy.deepcopy and pickle: a copy is a model of its own
+        super().__setstate__(state)
+        self._ks_key = _register_model(self)
 
     def forward(self, *args, **kwargs):
-        if getattr(self, "_ks_reference_forward", False):  # output shapes at new input shapes
+        if self._ks_reference_forward:
             return super().forward(*args, **kwargs)
-        inputs = list(args)
-        for spec in SIGNATURE["inputs"][len(inputs):]:
-            if spec["name"] not in kwargs:
-                raise TypeError("missing input '%s'" % spec["name"])
-            inputs.append(kwargs.pop(spec["name"]))
-        if kwargs or len(inputs) != len(SIGNATURE["inputs"]):
-            raise TypeError("expected the inputs %s" % [s["name"] for s in SIGNATURE["inputs"]])
-        device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), None)
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        if device.type != "cuda":
-            raise ValueError("the exported kernel runs on CUDA tensors; got %s" % device)
-        with torch.cuda.device(device), torch.no_grad():
-            return self._run(device, inputs)
+        inputs = _bind_inputs(args, kwargs)
+        state = [_member(self, path) for path in _STATE_PATHS]
+        if OP is None:
+            return self._eager_call(inputs, state)
+        op_inputs = [_op_scalar(spec, v) if spec["kind"] == "scalar" else v
+                     for spec, v in zip(SIGNATURE["inputs"], inputs)]
+        return OP(self._ks_key, self.training, *op_inputs, *state)
 
-    def _run(self, device, inputs):
-        env = _plan.Env()
-        pointers = {}
-        same_shapes = True   # every tensor has the signature's shape
-        same_scalars = True  # every scalar has the signature's value
-        for spec, value in zip(SIGNATURE["inputs"], inputs):
-            if spec["kind"] == "scalar":
-                if isinstance(value, torch.Tensor):
-                    value = value.item()
-                env.add_scalar(spec["name"], value, spec["dtype"] in _plan.FLOAT_DTYPES)
-                same_scalars = same_scalars and value == spec["value"]
-                continue
-            t = _tensor_arg(value, spec, device)
-            env.add_tensor(spec["name"], t.shape, spec["dtype"])
-            pointers.setdefault(spec["name"], t)
-            same_shapes = same_shapes and list(t.shape) == spec["shape"]
-        state = self.state_dict()
-        for spec in SIGNATURE["parameters"]:
-            t = _tensor_arg(state[spec["name"]], spec, device)
-            env.add_tensor(spec["name"], t.shape, spec["dtype"])
-            pointers.setdefault(spec["name"], t)
-            same_shapes = same_shapes and list(t.shape) == spec["shape"]
-        shapes = ([spec["shape"] for spec in SIGNATURE["outputs"]] if same_shapes
-                  else self._output_shapes(inputs))
-        outputs = []
-        for spec, shape in zip(SIGNATURE["outputs"], shapes):
-            t = torch.empty(shape, dtype=_DTYPES[spec["dtype"]], device=device)
-            env.add_tensor(spec["name"], t.shape, spec["dtype"])
-            pointers.setdefault(spec["name"], t)
-            outputs.append(t)
-        plan = _plan.resolve_plan(PLAN, KERNELS, env)
-        if same_shapes and same_scalars and plan != RESOLVED:
-            raise AssertionError("kernelsearch export is broken: the plan resolves to\n%s\nhere but the evaluator "
-                                 "resolved it to\n%s" % (json.dumps(plan), json.dumps(RESOLVED)))
-        for s in plan["scratch"]:  # not zeroed, as in the evaluator
-            pointers[s["name"]] = torch.empty(s["bytes"], dtype=torch.uint8, device=device)
-        entry = _loaded(device.index if device.index is not None else torch.cuda.current_device())
-        # Built after the module loaded (the driver is initialised), over this call's tensors.
-        maps = {m["name"]: _encode_tensor_map(m, pointers[m["tensor"]].data_ptr())
-                for m in plan.get("tensor_maps", [])}
-        stream = torch.cuda.current_stream(device).cuda_stream
-        for launch in plan["launches"]:
-            _launch(entry, launch, pointers, stream, maps)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+    def _eager_call(self, inputs, state):
+        """Without the operator (OP_NOTE): the kernel as a plain call, no autograd."""
+        _call_device(inputs)  # CPU tensors are refused before the warning
+        if torch.is_grad_enabled() and not _WARNED and any(
+                isinstance(v, torch.Tensor) and v.requires_grad for v in list(inputs) + list(state)):
+            import warnings
+            _WARNED.append(True)
+            warnings.warn("kernelsearch export: " + OP_NOTE + "; the output has no gradient", stacklevel=3)
+        with torch.no_grad():
+            return _call_kernel(self._ks_key, self.training, inputs, state)
+
+    def prepare(self, device=None):
+        """Compiles and loads the kernel on `device` (default: the current CUDA
+        device) now instead of at the first call: for a CUDA graph captured
+        before any eager call."""
+        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        with torch.cuda.device(device):
+            _loaded(device.index if device.index is not None else torch.cuda.current_device())
+        return self
 
     def _output_shapes(self, inputs):
         """The reference's output shapes at these input shapes, on the meta device."""
-        meta_state = {k: torch.empty_like(v, device="meta") for k, v in self.state_dict().items()}
-        meta_inputs = tuple(torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) else v for v in inputs)
-        self._ks_reference_forward = True
-        try:
-            out = torch.func.functional_call(self, meta_state, meta_inputs)
-        except Exception as e:
-            raise ValueError("cannot tell the output shapes at input shapes %s (the kernel was verified at %s): %s" %
-                             ([list(v.shape) for v in meta_inputs if isinstance(v, torch.Tensor)],
-                              [s.get("shape") for s in SIGNATURE["inputs"]], e))
-        finally:
-            self._ks_reference_forward = False
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        if len(outs) != len(SIGNATURE["outputs"]):
-            raise ValueError("the reference returned %d outputs; the signature has %d" %
-                             (len(outs), len(SIGNATURE["outputs"])))
-        return [list(o.shape) for o in outs]
+        return _output_shapes(self, self.training, list(inputs), [_member(self, p) for p in _STATE_PATHS])
 
 
 # The evaluator's default bounds per dtype (evaluator/signature.cc): element-wise
@@ -508,35 +882,67 @@ def compare(out, ref, dtype, tolerance=None, bound=None, contract=None, own_rel_
             "ok": mismatches == 0 and (rel_norm_bound <= 0 or rel_norm <= rel_norm_bound)}
 
 
+def _base(model):
+    """The ModelNew inside a torch.compile wrapper (its _orig_mod), or `model`:
+    the problem's forward runs on it, eagerly."""
+    return getattr(model, "_orig_mod", model)
+
+
+def _outputs(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+class _Float32:
+    """Full float32 (TF32 off) while it lasts, as the evaluator's reference."""
+
+    def __enter__(self):
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def _problem_forward(model, inputs):
+    """The problem's own forward (not the kernel) of ModelNew `model` (a
+    torch.compile wrapper's module too), eagerly, in the current grad mode."""
+    base = _base(model)
+    base._ks_reference_forward = True
+    try:
+        return _outputs(base(*inputs))
+    finally:
+        base._ks_reference_forward = False
+
+
 def _reference(model, inputs):
     """The problem's own forward on the same module (same weights), in full
     float32 as the evaluator's reference (TF32 off)."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    model._ks_reference_forward = True
+    with _Float32(), torch.no_grad():
+        return _problem_forward(model, inputs)
+
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _float64_model(model):
+    """A float64 copy of ModelNew `model`, or None where it cannot be made."""
+    import copy
     try:
-        with torch.no_grad():
-            out = model(*inputs)
-    finally:
-        model._ks_reference_forward = False
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-    return list(out) if isinstance(out, (tuple, list)) else [out]
+        return copy.deepcopy(_base(model)).double()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _float64_reference(model, inputs):
     """The problem's own forward on a float64 copy of the module and inputs
     (the truth the evaluator judges against), or None where float64 fails."""
-    import copy
-    floats = (torch.float32, torch.float16, torch.bfloat16)
     try:
-        model64 = copy.deepcopy(model).double()
-        inputs64 = tuple(v.double() if isinstance(v, torch.Tensor) and v.dtype in floats else v for v in inputs)
-        model64._ks_reference_forward = True
+        model64 = _float64_model(model)
+        inputs64 = tuple(v.double() if isinstance(v, torch.Tensor) and v.dtype in _FLOATS else v for v in inputs)
         with torch.no_grad():
-            out = model64(*inputs64)
+            return _problem_forward(model64, inputs64)
     except Exception:  # noqa: BLE001 - an op without float64: judged against float32, as the evaluator does
         return None
-    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _block_bound(pt32, pt64):
@@ -556,39 +962,130 @@ def _block_bound(pt32, pt64):
     return (blocks * factor).repeat_interleave(block)[:n]
 
 
+def _judge(name, dtype, got, ref32, truth):
+    """compare()'s figures for one tensor by check()'s rule: against the
+    float64 truth with PyTorch's own float32 error per block, or against
+    PyTorch's float32 where there is no truth."""
+    if truth is not None and got.is_floating_point() and truth.shape == ref32.shape:
+        own = compare(ref32, truth, dtype)  # PyTorch's own float32 against float64
+        figures = compare(got, truth, dtype, SIGNATURE.get("tolerance"), bound=_block_bound(ref32, truth),
+                          contract=JUDGE["contract"], own_rel_norm=own["rel_norm"])
+    else:
+        figures = compare(got, ref32, dtype, SIGNATURE.get("tolerance"), contract=JUDGE["contract"])
+    figures["name"] = name
+    return figures
+
+
 def check(model, *inputs):
     """Verifies the exported kernel on your own inputs (any shapes its plan
     allows, your data) by the rule it was judged by (JUDGE): ModelNew `model`
-    against the problem's Model forward run in float64 on the same module,
-    output by output (compare()), allowing per block of elements the
-    contract's factor times PyTorch's own float32 error there; against
-    PyTorch's float32 output where float64 is not supported. Returns {"ok":
-    bool, "truth": "float64" | "float32", "contract", "outputs": [compare()'s
-    figures with "name"]}; a wrong answer is reported, not raised."""
-    got = model(*inputs)
-    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    (or torch.compile of it) against the problem's Model forward run in
+    float64 on the same module, output by output (compare()), allowing per
+    block of elements the contract's factor times PyTorch's own float32 error
+    there; against PyTorch's float32 output where float64 is not supported.
+    Returns {"ok": bool, "truth": "float64" | "float32", "contract",
+    "outputs": [compare()'s figures with "name"]}; a wrong answer is
+    reported, not raised."""
+    with torch.no_grad():
+        got = _outputs(model(*inputs))
     ref = _reference(model, inputs)
     truth = _float64_reference(model, inputs)
     outputs = []
     for i, (spec, o, r) in enumerate(zip(SIGNATURE["outputs"], got, ref)):
         t = truth[i] if truth is not None and i < len(truth) else None
-        if t is not None and o.is_floating_point() and t.shape == r.shape:
-            own = compare(r, t, spec["dtype"])  # PyTorch's own float32 against float64
-            figures = compare(o, t, spec["dtype"], SIGNATURE.get("tolerance"), bound=_block_bound(r, t),
-                              contract=JUDGE["contract"], own_rel_norm=own["rel_norm"])
-        else:
-            figures = compare(o, r, spec["dtype"], SIGNATURE.get("tolerance"), contract=JUDGE["contract"])
-        figures["name"] = spec["name"]
-        outputs.append(figures)
+        outputs.append(_judge(spec["name"], spec["dtype"], o, r, t))
     return {"ok": len(got) == len(ref) and all(f["ok"] for f in outputs),
             "truth": "float64" if truth is not None else "float32", "contract": JUDGE["contract"],
             "outputs": outputs}
 
 
-def benchmark(model, *inputs, runs=50, warmup=5):
-    """Times the exported kernel and PyTorch eager (the problem's Model forward,
-    PyTorch's default settings) on your inputs with CUDA events: {"kernel_ms",
-    "eager_ms" (medians), "speedup", "runs"}."""
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def _leaf(v):
+    """A floating-point tensor input as a fresh leaf that requires grad; anything else as it is."""
+    if isinstance(v, torch.Tensor) and v.is_floating_point():
+        return v.detach().clone().requires_grad_()
+    return v
+
+
+def _trainable(model):
+    """(state_dict name, parameter) for each parameter of `model` that requires grad."""
+    out = []
+    for spec, path in zip(SIGNATURE["parameters"], _STATE_PATHS):
+        p = _member(model, path)
+        if isinstance(p, torch.nn.Parameter) and p.requires_grad:
+            out.append((spec["name"], p))
+    return out
+
+
+def _gradients(outs, grads_out, leaves):
+    """d(sum of outs * grads_out) / d(leaves); zeros where a leaf is unused."""
+    pairs = [(o, g) for o, g in zip(outs, grads_out) if g is not None and o.requires_grad]
+    got = (torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
+           if pairs and leaves else [None] * len(leaves))
+    return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(got, leaves)]
+
+
+def _training_grads(model, forward, inputs, grads_out=None):
+    """One training step's gradients: `forward` on fresh leaves of `inputs`,
+    then backward with `grads_out` (seeded normal values when None). Returns
+    (input names, gradients of the floating inputs then of `model`'s trainable
+    parameters, grads_out)."""
+    leaves_in = [_leaf(v) for v in inputs]
+    params = _trainable(model)
+    with torch.enable_grad():
+        outs = _outputs(forward(leaves_in))
+        if grads_out is None:
+            gen = torch.Generator(device=outs[0].device)
+            gen.manual_seed(0)
+            grads_out = [torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
+                         if o.is_floating_point() else None for o in outs]
+        grads_out = [g.to(o.dtype) if g is not None else None for g, o in zip(grads_out, outs)]
+        leaves = [v for v in leaves_in if isinstance(v, torch.Tensor) and v.requires_grad] + [p for _, p in params]
+        grads = _gradients(outs, grads_out, leaves)
+    names = [spec["name"] for spec, v in zip(SIGNATURE["inputs"], leaves_in)
+             if isinstance(v, torch.Tensor) and v.requires_grad] + [n for n, _ in params]
+    return names, grads, grads_out
+
+
+def check_backward(model, *inputs):
+    """Verifies a training step on your inputs by check()'s rule: the
+    gradients of ModelNew `model` (or torch.compile of it) for every
+    floating-point input and every parameter that requires grad, with seeded
+    normal gradients arriving at the outputs, against the problem's Model's
+    float64 gradients on the same module (PyTorch's own float32 error per
+    block allowed by the contract's factor), or its float32 ones where float64
+    is not supported. Returns {"ok", "truth", "contract", "gradients":
+    [compare()'s figures with "name"]}."""
+    base = _base(model)
+    names, got, grads_out = _training_grads(base, lambda leaves: model(*leaves), inputs)
+    with _Float32():
+        _, ref, _ = _training_grads(base, lambda leaves: _problem_forward(base, leaves), inputs, grads_out)
+    truth = None
+    model64 = _float64_model(base)
+    if model64 is not None:
+        try:
+            inputs64 = [v.double() if isinstance(v, torch.Tensor) and v.dtype in _FLOATS else v for v in inputs]
+            _, truth, _ = _training_grads(model64, lambda leaves: _problem_forward(model64, leaves), inputs64,
+                                          [g.double() if g is not None else None for g in grads_out])
+        except Exception:  # noqa: BLE001 - an op without float64: judged against float32
+            truth = None
+    gradients = [_judge(name, _DTYPE_NAMES.get(g.dtype, "float32"), g, r, truth[i] if truth is not None else None)
+                 for i, (name, g, r) in enumerate(zip(names, got, ref))]
+    return {"ok": all(f["ok"] for f in gradients), "truth": "float64" if truth is not None else "float32",
+            "contract": JUDGE["contract"], "gradients": gradients}
+
+
+def benchmark(model, *inputs, runs=50, warmup=5, train=True):
+    """Times ModelNew `model` (or torch.compile of it) and PyTorch eager (the
+    problem's Model forward on the same module, PyTorch's default settings)
+    on your inputs with CUDA events, medians in ms: the forward ("kernel_ms",
+    "eager_ms", "speedup") and, with `train`, a training step ("train_kernel_ms",
+    "train_eager_ms", "train_speedup"): forward, then backward into every
+    floating-point input (as a layer inside a network sees them) and every
+    parameter that requires grad; None where nothing is differentiable.
+    Parameters' .grad are restored afterwards."""
     def median_ms(fn):
         for _ in range(warmup):
             fn()
@@ -603,16 +1100,41 @@ def benchmark(model, *inputs, runs=50, warmup=5):
         times.sort()
         return times[len(times) // 2]
 
-    def eager():
-        model._ks_reference_forward = True
-        try:
-            with torch.no_grad():
-                model(*inputs)
-        finally:
-            model._ks_reference_forward = False
-
+    base = _base(model)
     with torch.no_grad():
         kernel_ms = median_ms(lambda: model(*inputs))
-    eager_ms = median_ms(eager)
-    return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if kernel_ms > 0 else None,
-            "runs": runs}
+        eager_ms = median_ms(lambda: _problem_forward(base, inputs))
+    result = {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if kernel_ms > 0 else None,
+              "train_kernel_ms": None, "train_eager_ms": None, "train_speedup": None, "runs": runs}
+    if not train:
+        return result
+    leaves_in = [_leaf(v) for v in inputs]
+    params = [p for _, p in _trainable(base)]
+    leaves = [v for v in leaves_in if isinstance(v, torch.Tensor) and v.requires_grad] + params
+    if not leaves:
+        return result
+    with torch.enable_grad():
+        grads_out = [torch.randn_like(o) if o.is_floating_point() and o.requires_grad else None
+                     for o in _outputs(model(*leaves_in))]
+    if all(g is None for g in grads_out):
+        return result
+
+    def step(forward):
+        def run():
+            pairs = [(o, g) for o, g in zip(_outputs(forward()), grads_out) if g is not None]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            for leaf in leaves:
+                leaf.grad = None
+        return run
+
+    saved = [p.grad for p in params]
+    try:
+        with torch.enable_grad():
+            train_kernel = median_ms(step(lambda: model(*leaves_in)))
+            train_eager = median_ms(step(lambda: _problem_forward(base, leaves_in)))
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
+    result.update(train_kernel_ms=train_kernel, train_eager_ms=train_eager,
+                  train_speedup=train_eager / train_kernel if train_kernel > 0 else None)
+    return result
