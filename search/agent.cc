@@ -19,11 +19,11 @@ std::string Capped(const std::string& s, size_t n) {
   return s.size() <= n ? s : s.substr(0, n) + "\n[... " + std::to_string(s.size() - n) + " more characters]";
 }
 
-json CandidateSchema(const char* what) {
+json CandidateSchema(const std::string& source, const std::string& plan) {
   return {{"type", "object"},
           {"properties",
-           {{"source", {{"type", "string"}, {"description", "the CUDA-C source: device code only, extern \"C\" __global__ entry points"}}},
-            {"plan", {{"type", "object"}, {"description", std::string("the launch plan (JSON object) ") + what}}}}},
+           {{"source", {{"type", "string"}, {"description", source}}},
+            {"plan", {{"type", "object"}, {"description", plan}}}}},
           {"required", {"source", "plan"}}};
 }
 
@@ -120,40 +120,36 @@ Message ToolMessage(const store::AttemptRow& row) {
 
 }  // namespace
 
-std::vector<ToolSpec> AgentTools(bool profile) {
-  std::vector<ToolSpec> tools = {
-      {"compile", "Compile a draft with NVRTC and resolve its launch plan, on the GPU that judges it. Returns the "
-                  "status, the compiler log, registers, shared memory and spills per kernel, and the resolved launches.",
-       CandidateSchema("to resolve")},
-      {"test", "Run a draft on practice input sets (other seeds than the judging sets) in the sandboxed worker. "
-               "Returns correctness figures per output (relative norm vs its bound, mismatches, the first wrong "
-               "element by position), the median time, speedups, the roofline fraction and per-launch figures.",
-       CandidateSchema("to run")},
-      {"submit", "Submit the final candidate. It is judged on the judging input sets; the conversation ends.",
-       CandidateSchema("of the final candidate")},
-  };
-  if (profile)
-    tools.insert(tools.end() - 1,
-                 {"profile", "Read the hardware counters (Nsight Compute) of each launch of a draft on a practice "
-                             "input set: DRAM and L2 throughput, SM and tensor pipe use, occupancy, the top warp "
-                             "stalls, cache hit rates, shared-memory bank conflicts, spill traffic. Slower than test.",
-                  CandidateSchema("to profile")});
-  return tools;
+TemplateVars AgentTemplateVars(const AgentLimits& limits, bool profile) {
+  TemplateVars v;
+  v.Set("max_tool_calls", std::to_string(limits.max_tool_calls));
+  v.Set("max_turns", std::to_string(limits.max_turns));
+  v.Set("max_tokens", std::to_string(limits.max_tokens));
+  v.SetList("profile_offered", profile ? std::vector<TemplateRecord>{{}} : std::vector<TemplateRecord>{});
+  v.SetList("token_limit", limits.max_tokens > 0 ? std::vector<TemplateRecord>{{}} : std::vector<TemplateRecord>{});
+  return v;
 }
 
-std::string AgentInstructions(const AgentLimits& limits, bool profile) {
-  std::string budget = fmt::format("at most {} tool calls and {} turns", limits.max_tool_calls, limits.max_turns);
-  if (limits.max_tokens > 0) budget += fmt::format(" and {} tokens", limits.max_tokens);
-  return "## Working with tools\n\n"
-         "You may work on this idea like an engineer at a terminal: call `compile` to see compiler errors, "
-         "registers, shared memory and spills; call `test` to run a draft on practice input sets and see its "
-         "errors and timing" +
-         std::string(profile ? "; call `profile` to read a draft's hardware counters (throughput, occupancy, "
-                               "stalls)" : "") +
-         ". When satisfied, call `submit` with the final source and launch plan; it is then "
-         "judged on other input sets than the practice ones, so do not tune to the practice figures. Each tool "
-         "takes {\"source\": the CUDA-C source, \"plan\": the launch plan as a JSON object}. You have " +
-         budget + "; when they run out, the last draft that tested correct is judged.";
+StatusOr<AgentText> RenderAgentText(const PromptLibrary& lib, const AgentLimits& limits, bool profile) {
+  const std::string file = (lib.dir().empty() ? std::string("prompts") : lib.dir()) + "/agent.md";
+  const TemplateVars vars = AgentTemplateVars(limits, profile);
+  std::map<std::string, std::string> text;
+  for (const char* section : kAgentSections) {
+    StatusOr<std::string> r = lib.Render(std::string("agent.") + section, vars);
+    if (r.status().code() == Code::kNotFound)
+      return NotFound("the agent's text: " + file + " has no section '" + section + "' (a line '{{@ " + section +
+                      "}}' starts it)");
+    if (!r.ok()) return r.status().WithContext("the agent's text (" + file + ", section '" + section + "')");
+    text[section] = std::move(r).value();
+  }
+  AgentText out;
+  out.instructions = text["instructions"];
+  // The order the model sees: compile, test, [profile,] submit.
+  for (const char* tool : {"compile", "test", "profile", "submit"}) {
+    if (std::string(tool) == "profile" && !profile) continue;
+    out.tools.push_back({tool, text[tool], CandidateSchema(text["source"], text[std::string(tool) + "_plan"])});
+  }
+  return out;
 }
 
 std::string CompileDigest(const Evaluation& e) {
@@ -236,11 +232,18 @@ json AgentTrailJson(const AgentTrail& trail) {
 }
 
 StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
+  std::optional<PromptLibrary> loaded;
+  const PromptLibrary* prompts = task.prompts;
+  if (!prompts) {
+    KS_ASSIGN_OR_RETURN(loaded, PromptLibrary::LoadDefault());
+    prompts = &*loaded;
+  }
+  KS_ASSIGN_OR_RETURN(AgentText text, RenderAgentText(*prompts, task.limits, task.profile));
   ConversationRequest conv;
   conv.role = "implement";
   conv.system = task.system;
-  conv.tools = AgentTools(task.profile);
-  conv.messages.push_back({.role = "user", .text = task.prompt + "\n\n" + AgentInstructions(task.limits, task.profile)});
+  conv.tools = std::move(text.tools);
+  conv.messages.push_back({.role = "user", .text = task.prompt + "\n\n" + text.instructions});
   std::map<std::pair<int, int>, store::AttemptRow> stored;
   KS_ASSIGN_OR_RETURN(auto rows, host->StoredAttempts(task.slot));
   for (auto& r : rows) stored[{r.turn, r.call_index}] = std::move(r);

@@ -2,6 +2,9 @@
 // becomes a bounded conversation in which the model may call tools on its own
 // drafts before it submits one candidate.
 //
+// What the model is told (the instructions appended to the implement prompt,
+// each tool's description and its arguments') is a template, prompts/agent.md,
+// rendered like every other prompt (RenderAgentText).
 // Tools (JSON schemas in ToolSpecs):
 //   compile(source, plan)  the practice evaluation's compile part: status,
 //                          compiler log, registers, shared memory, spills and
@@ -41,6 +44,7 @@
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 #include "llm/conversation.h"
+#include "search/prompt_template.h"
 #include "store/lineage_store.h"
 
 namespace ks {
@@ -79,6 +83,9 @@ struct AgentTask {
   const Signature* signature = nullptr;  // names a first wrong element by position; may be null
   AgentLimits limits;
   bool profile = false;       // offer the profile tool (the practice evaluator reads counters)
+  // The agent's text (prompts/agent.md); null: PromptLibrary::LoadDefault(),
+  // read once per RunAgent. Borrowed; outlives RunAgent.
+  const PromptLibrary* prompts = nullptr;
 };
 
 struct AgentOutcome {
@@ -95,9 +102,28 @@ struct AgentOutcome {
   int64_t tokens = 0;
 };
 
-std::vector<ToolSpec> AgentTools(bool profile);
-// The instructions appended to the implement prompt in agent mode.
-std::string AgentInstructions(const AgentLimits& limits, bool profile);
+// The sections of prompts/agent.md, each the template "agent.<section>":
+// the instructions, the `source` argument's description, and per tool its
+// description and its `plan` argument's ("<tool>_plan").
+inline constexpr const char* kAgentSections[] = {"instructions", "source",      "compile", "compile_plan",
+                                                 "test",         "test_plan",   "profile", "profile_plan",
+                                                 "submit",       "submit_plan"};
+
+// What the model sees in agent mode: the instructions appended to the
+// implement prompt and the tools offered (profile only when `profile`).
+struct AgentText {
+  std::string instructions;
+  std::vector<ToolSpec> tools;
+};
+// Renders every section of prompts/agent.md from `lib` (the profile tool's
+// too when it is not offered, so that a broken template fails everywhere
+// alike). Errors name the file and the section: one missing (NotFound), a
+// placeholder the code does not set (InvalidArgument).
+StatusOr<AgentText> RenderAgentText(const PromptLibrary& lib, const AgentLimits& limits, bool profile);
+// The variables every section is rendered with: max_tool_calls, max_turns,
+// max_tokens, and the lists profile_offered and token_limit (one empty record
+// when true, none when false).
+TemplateVars AgentTemplateVars(const AgentLimits& limits, bool profile);
 
 StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host);
 

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
@@ -58,6 +60,9 @@ class Renderer {
       char kind = tag[0];
       std::string name = (kind == '#' || kind == '^' || kind == '/' || kind == '>') ? Trim(tag.substr(1)) : tag;
       if (name.empty()) return Error("tag '{{" + tag + "}}' names nothing");
+      if (kind == '@')
+        return Error("section line '{{" + tag + "}}' inside a template's text (a section starts a file's line "
+                     "of its own, and only in a template file)");
       if (kind == '/') {
         if (name != section) return Error("'{{/" + name + "}}' closes nothing open" +
                                           (section.empty() ? "" : " (open: '" + section + "')"));
@@ -147,7 +152,51 @@ class Renderer {
   std::string name_;
 };
 
+// A line that starts a section: "{{@ name}}" alone on it, blanks around allowed.
+bool IsSectionLine(const std::string& line) { return Trim(line).rfind("{{@", 0) == 0; }
+
+bool ValidSectionName(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
 }  // namespace
+
+StatusOr<std::map<std::string, std::string>> SplitTemplateSections(const std::string& stem, const std::string& text) {
+  std::map<std::string, std::string> out;
+  auto error = [&](int line, const std::string& what) {
+    return InvalidArgument("template file '" + stem + ".md' line " + std::to_string(line) + ": " + what);
+  };
+  std::string* current = nullptr;  // the section being read; null in the note before the first
+  int line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    std::string line = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    pos = end == std::string::npos ? text.size() : end + 1;
+    ++line_no;
+    if (!IsSectionLine(line)) {
+      if (current) *current += line + "\n";
+      continue;
+    }
+    std::string t = Trim(line);
+    if (t.size() < 5 || t.compare(t.size() - 2, 2, "}}") != 0 || t.find("}}") != t.size() - 2)
+      return error(line_no, "'" + t + "': a section line is '{{@ name}}' alone on its line");
+    std::string name = Trim(t.substr(3, t.size() - 5));
+    if (!ValidSectionName(name))
+      return error(line_no, "'" + t + "': a section's name is letters, digits and '_'");
+    auto [it, inserted] = out.emplace(stem + "." + name, "");
+    if (!inserted) return error(line_no, "section '" + name + "' appears twice");
+    current = &it->second;
+  }
+  if (out.empty()) {
+    out[stem] = text;
+    return out;
+  }
+  for (auto& [name, body] : out)
+    while (!body.empty() && body.back() == '\n') body.pop_back();
+  return out;
+}
 
 TemplateVars& TemplateVars::Set(const std::string& name, std::string value) {
   lists_.erase(name);
@@ -203,7 +252,10 @@ StatusOr<PromptLibrary> PromptLibrary::Load(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file() || entry.path().extension() != ".md") continue;
     KS_ASSIGN_OR_RETURN(std::string text, ReadFile(entry.path().string(), 1 << 20));
-    templates[entry.path().stem().string()] = std::move(text);
+    KS_ASSIGN_OR_RETURN(auto parts, SplitTemplateSections(entry.path().stem().string(), text));
+    for (auto& [name, body] : parts)
+      if (!templates.emplace(name, std::move(body)).second)
+        return InvalidArgument("two prompt templates are named '" + name + "' in " + dir);
   }
   if (ec) return Internal("listing " + dir + ": " + ec.message());
   if (templates.empty()) return NotFound("no prompt templates (*.md) in " + dir);

@@ -5,6 +5,11 @@
 //                             {{field}} looks in the record first, then outside
 //   {{^name}}...{{/name}}     the body only when the list is empty
 //   {{> other}}               another template of the library, same variables
+// A file may hold several templates: a line that is exactly "{{@ name}}"
+// starts a section, the template "<stem>.<name>" (agent.md's "{{@ compile}}"
+// is "agent.compile"); it runs to the next such line, without its trailing
+// newlines. What comes before the first section is a note for maintainers,
+// never rendered. A file without such lines is one template named by its stem.
 // Rendering fails loudly: a missing variable, a string used as a list (or the
 // reverse), an unclosed section or an unknown template is an error, never an
 // empty gap in a prompt. No escaping: prompts are plain text.
@@ -36,7 +41,14 @@ class TemplateVars {
 // A template text rendered on its own ({{> x}} is an error without a library).
 StatusOr<std::string> RenderTemplateText(const std::string& text, const TemplateVars& vars);
 
-// The templates of one directory (every *.md, named by stem: ideas.md → "ideas").
+// The sections of a template file named `stem` ("agent"), as templates named
+// "<stem>.<section>"; `text` whole under `stem` when it has no section lines.
+// InvalidArgument, naming the file's line, for a section line that is not
+// alone on its line, names nothing, or names a section twice.
+StatusOr<std::map<std::string, std::string>> SplitTemplateSections(const std::string& stem, const std::string& text);
+
+// The templates of one directory (every *.md, named by stem: ideas.md → "ideas";
+// a file with sections by section: agent.md → "agent.instructions", ...).
 // Immutable after loading; thread-safe.
 class PromptLibrary {
  public:

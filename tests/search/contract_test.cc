@@ -2,13 +2,25 @@
 // plan parser accepts is documented there (the lists come from the parser
 // itself, so a new key without documentation fails here), and the contract's
 // device section renders this GPU's shared-memory limit and register budget.
+// prompts/agent.md holds the agent mode's text: every section is there, every
+// placeholder is one the code sets, the rendered text is what the model was
+// always shown, and a missing or garbled template is a clear error.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
 
 #include "evaluator/judge/judge.h"
 #include "common/files.h"
 #include "evaluator/compiler.h"
 #include "evaluator/plan/launch_plan.h"
+#include "search/agent.h"
 #include "search/prompt_template.h"
 #include "search/prompts.h"
 
@@ -161,6 +173,244 @@ TEST(ContractTest, TheDeviceSectionRendersThisGpusLimits) {
   partial.max_threads_per_sm = 0;  // the budget for one block is known, full occupancy is not
   EXPECT_THAT(LaunchLimitsText(partial), HasSubstr("| 256 | 255 | unknown |"));
   EXPECT_THAT(LaunchLimitsText(partial), Not(HasSubstr("blocks, 2048 threads")));
+}
+
+// The agent's text as search/agent.cc wrote it in code before it moved to
+// prompts/agent.md. A resumed agent finds its stored model turns by a hash of
+// the conversation, so the template renders these bytes exactly.
+std::string LegacyAgentInstructions(const AgentLimits& limits, bool profile) {
+  std::string budget = fmt::format("at most {} tool calls and {} turns", limits.max_tool_calls, limits.max_turns);
+  if (limits.max_tokens > 0) budget += fmt::format(" and {} tokens", limits.max_tokens);
+  return "## Working with tools\n\n"
+         "You may work on this idea like an engineer at a terminal: call `compile` to see compiler errors, "
+         "registers, shared memory and spills; call `test` to run a draft on practice input sets and see its "
+         "errors and timing" +
+         std::string(profile ? "; call `profile` to read a draft's hardware counters (throughput, occupancy, "
+                               "stalls)" : "") +
+         ". When satisfied, call `submit` with the final source and launch plan; it is then "
+         "judged on other input sets than the practice ones, so do not tune to the practice figures. Each tool "
+         "takes {\"source\": the CUDA-C source, \"plan\": the launch plan as a JSON object}. You have " +
+         budget + "; when they run out, the last draft that tested correct is judged.";
+}
+
+nlohmann::json LegacySchema(const char* what) {
+  return {{"type", "object"},
+          {"properties",
+           {{"source", {{"type", "string"}, {"description", "the CUDA-C source: device code only, extern \"C\" __global__ entry points"}}},
+            {"plan", {{"type", "object"}, {"description", std::string("the launch plan (JSON object) ") + what}}}}},
+          {"required", {"source", "plan"}}};
+}
+
+std::vector<ToolSpec> LegacyAgentTools(bool profile) {
+  std::vector<ToolSpec> tools = {
+      {"compile", "Compile a draft with NVRTC and resolve its launch plan, on the GPU that judges it. Returns the "
+                  "status, the compiler log, registers, shared memory and spills per kernel, and the resolved launches.",
+       LegacySchema("to resolve")},
+      {"test", "Run a draft on practice input sets (other seeds than the judging sets) in the sandboxed worker. "
+               "Returns correctness figures per output (relative norm vs its bound, mismatches, the first wrong "
+               "element by position), the median time, speedups, the roofline fraction and per-launch figures.",
+       LegacySchema("to run")},
+      {"submit", "Submit the final candidate. It is judged on the judging input sets; the conversation ends.",
+       LegacySchema("of the final candidate")},
+  };
+  if (profile)
+    tools.insert(tools.end() - 1,
+                 {"profile", "Read the hardware counters (Nsight Compute) of each launch of a draft on a practice "
+                             "input set: DRAM and L2 throughput, SM and tensor pipe use, occupancy, the top warp "
+                             "stalls, cache hit rates, shared-memory bank conflicts, spill traffic. Slower than test.",
+                  LegacySchema("to profile")});
+  return tools;
+}
+
+PromptLibrary SourceLibrary() {
+  auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+  EXPECT_TRUE(lib.ok()) << lib.status().ToString();
+  return lib.ok() ? *lib : PromptLibrary();
+}
+
+TEST(AgentTemplateTest, TheRenderedTextIsWhatTheModelWasAlwaysShown) {
+  PromptLibrary lib = SourceLibrary();
+  for (bool profile : {false, true}) {
+    for (AgentLimits limits : {AgentLimits{}, AgentLimits{3, 5, 20000}}) {
+      SCOPED_TRACE(fmt::format("profile {}, tokens {}", profile, limits.max_tokens));
+      auto text = RenderAgentText(lib, limits, profile);
+      ASSERT_TRUE(text.ok()) << text.status().ToString();
+      EXPECT_EQ(text->instructions, LegacyAgentInstructions(limits, profile));
+      std::vector<ToolSpec> want = LegacyAgentTools(profile);
+      ASSERT_EQ(text->tools.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(text->tools[i].name, want[i].name);
+        EXPECT_EQ(text->tools[i].description, want[i].description);
+        EXPECT_EQ(text->tools[i].parameters.dump(), want[i].parameters.dump());
+      }
+    }
+  }
+  // Key sentences, in case both sides above ever change together.
+  auto text = RenderAgentText(lib, AgentLimits{8, 12, 0}, true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_THAT(text->instructions, HasSubstr("You have at most 12 tool calls and 8 turns; when they run out"));
+  EXPECT_THAT(text->instructions, HasSubstr("call `profile` to read a draft's hardware counters"));
+  EXPECT_THAT(text->instructions, Not(HasSubstr("{{")));
+  EXPECT_THAT(text->instructions, Not(HasSubstr("tokens")));
+}
+
+// Every variable and list a section names, found by the tags in its text.
+std::set<std::string> Placeholders(const std::string& text) {
+  std::set<std::string> out;
+  static const std::regex tag(R"(\{\{\s*([#^/>]?)\s*([^}]*?)\s*\}\})");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), tag); it != std::sregex_iterator(); ++it)
+    if ((*it)[1] != ">") out.insert((*it)[2]);
+  return out;
+}
+
+TEST(AgentTemplateTest, EverySectionIsThereAndNamesOnlyWhatTheCodeSets) {
+  PromptLibrary lib = SourceLibrary();
+  std::vector<std::string> names = lib.Names();
+  const TemplateVars vars = AgentTemplateVars(AgentLimits{}, true);
+  std::set<std::string> used;
+  for (const char* section : kAgentSections) {
+    const std::string name = std::string("agent.") + section;
+    ASSERT_NE(std::find(names.begin(), names.end(), name), names.end()) << name << " missing from prompts/agent.md";
+    auto raw = ReadFile(std::string(KS_SOURCE_DIR) + "/prompts/agent.md");
+    ASSERT_TRUE(raw.ok());
+    auto parts = SplitTemplateSections("agent", *raw);
+    ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+    for (const std::string& p : Placeholders(parts->at(name))) {
+      EXPECT_TRUE(vars.Find(p) || vars.FindList(p)) << name << " names '" << p << "', which the code never sets";
+      used.insert(p);
+    }
+  }
+  // No section beyond the ones the code renders (a tool the code never offers).
+  for (const std::string& n : names) {
+    if (n.rfind("agent.", 0) != 0) continue;
+    EXPECT_NE(std::find_if(std::begin(kAgentSections), std::end(kAgentSections),
+                           [&](const char* s) { return n == std::string("agent.") + s; }),
+              std::end(kAgentSections))
+        << n << " is a section no code renders";
+  }
+  EXPECT_EQ(names.end(), std::find(names.begin(), names.end(), "agent"));  // the note is never a template
+  for (const char* v : {"max_tool_calls", "max_turns", "max_tokens", "profile_offered", "token_limit"})
+    EXPECT_TRUE(used.count(v)) << v << " is set by the code but used by no section";
+}
+
+// prompts/ copied to a temporary directory with agent.md replaced.
+class BrokenAgentTemplate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ks_agent_template_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::copy(std::string(KS_SOURCE_DIR) + "/prompts", dir_);
+    auto text = ReadFile((dir_ / "agent.md").string());
+    ASSERT_TRUE(text.ok());
+    original_ = *text;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // agent.md as shipped, with `from` replaced by `to` (from must be there).
+  void Replace(const std::string& from, const std::string& to) {
+    std::string text = original_;
+    size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    ASSERT_TRUE(WriteFile((dir_ / "agent.md").string(), text).ok());
+  }
+  StatusOr<AgentText> Render() {
+    auto lib = PromptLibrary::Load(dir_.string());
+    if (!lib.ok()) return lib.status();
+    return RenderAgentText(*lib, AgentLimits{}, false);
+  }
+
+  std::filesystem::path dir_;
+  std::string original_;
+};
+
+TEST_F(BrokenAgentTemplate, AMissingSectionIsNamedEvenWhereItsToolIsNotOffered) {
+  Replace("{{@ profile}}\n", "");  // its text now ends test_plan's section
+  auto r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("agent.md has no section 'profile'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("'{{@ profile}}'"));
+}
+
+TEST_F(BrokenAgentTemplate, NoAgentFileAtAllSaysWhichFileAndSection) {
+  std::filesystem::remove(dir_ / "agent.md");
+  auto r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr(dir_.string() + "/agent.md has no section 'instructions'"));
+}
+
+TEST_F(BrokenAgentTemplate, AnUnknownPlaceholderNamesItAndItsSection) {
+  Replace("{{max_turns}} turns", "{{max_turn}} turns");
+  auto r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("missing variable 'max_turn'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("section 'instructions'"));
+}
+
+TEST_F(BrokenAgentTemplate, AnUnclosedListIsAnError) {
+  Replace("tokens{{/token_limit}}", "tokens");
+  auto r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("'token_limit' is never closed"));
+}
+
+TEST_F(BrokenAgentTemplate, AGarbledSectionLineFailsTheLoadWithItsLine) {
+  Replace("{{@ submit}}", "{{@ submit tool}}");
+  auto r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("template file 'agent.md' line"));
+  EXPECT_THAT(r.status().message(), HasSubstr("letters, digits and '_'"));
+  Replace("{{@ submit}}", "{{@ submit}} the final one");
+  r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("alone on its line"));
+  Replace("{{@ submit}}", "{{@ compile}}");
+  r = Render();
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("section 'compile' appears twice"));
+}
+
+// RunAgent renders the text before any model turn: a broken template stops it
+// with the reason, and nothing is asked of the model or stored.
+class NoCallsHost final : public AgentHost {
+ public:
+  StatusOr<std::optional<AssistantReply>> Converse(const ConversationRequest&, const std::string&) override {
+    ++calls;
+    return std::optional<AssistantReply>();
+  }
+  StatusOr<Evaluation> Practice(const Candidate&) override { return Internal("unexpected"); }
+  StatusOr<Evaluation> CompileOnly(const Candidate&) override { return Internal("unexpected"); }
+  StatusOr<CounterReport> Profile(const Candidate&) override { return Internal("unexpected"); }
+  StatusOr<std::vector<store::AttemptRow>> StoredAttempts(const std::string&) override {
+    return std::vector<store::AttemptRow>{};
+  }
+  Status StoreAttempt(const store::AttemptRow&) override { return Internal("unexpected"); }
+  int calls = 0;
+};
+
+TEST_F(BrokenAgentTemplate, TheAgentStopsBeforeAnyModelTurn) {
+  Replace("{{@ instructions}}", "{{@ instruction}}");
+  auto lib = PromptLibrary::Load(dir_.string());
+  ASSERT_TRUE(lib.ok()) << lib.status().ToString();
+  AgentTask task;
+  task.slot = "r0/i1/b0";
+  task.prompts = &*lib;
+  NoCallsHost host;
+  auto out = RunAgent(task, &host);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("no section 'instructions'"));
+  EXPECT_EQ(host.calls, 0);
+
+  // The shipped text, through the default library: one turn asked (and refused).
+  task.prompts = nullptr;
+  auto ok = RunAgent(task, &host);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->stop, "refused");
+  EXPECT_EQ(host.calls, 1);
 }
 
 }  // namespace

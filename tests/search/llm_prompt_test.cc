@@ -316,8 +316,12 @@ TEST(LlmPromptTest, EveryTemplateRendersWithAFullVariableSet) {
     v.Set(name, std::string("<") + name + ">");
   v.SetList("tried_ideas", {{{"idea", "<i>"}, {"outcome", "<o>"}}});
   v.SetList("hopper", {{{"hopper_target", "<hopper_target>"}}});
+  // prompts/agent.md's sections (search/agent.h AgentTemplateVars).
+  for (const char* name : {"max_tool_calls", "max_turns", "max_tokens"}) v.Set(name, std::string("<") + name + ">");
+  v.SetList("profile_offered", {{}});
+  v.SetList("token_limit", {{}});
   std::vector<std::string> names = lib.Names();
-  for (const char* expected : {"system", "contract", "ideas", "implement", "repair"})
+  for (const char* expected : {"system", "contract", "ideas", "implement", "repair", "agent.instructions"})
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   for (const auto& name : names) {
     auto out = lib.Render(name, v);
