@@ -2,16 +2,13 @@
 imported on a CPU torch: the placeholders become the values, ModelNew is the
 problem's Model, and what can be checked without a GPU is (argument checks,
 the plan against RESOLVED). Running the kernel is export_gpu_test's."""
-import importlib.util
-import json
 import os
 import re
-import shutil
 import sys
 
 import pytest
 
-from conftest import EXPORT_DIR, render
+from conftest import EXPORT_DIR, build_module
 
 torch = pytest.importorskip("torch")
 
@@ -39,24 +36,7 @@ KERNELS = {"norm": ["b64", "b64", "b64", "b64", "b32"]}
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    d = tmp_path_factory.mktemp("export")
-    shutil.copy(EXPORT_DIR / "ks_launch_plan.py", d / "ks_launch_plan.py")
-    (d / "problem.py").write_text(PROBLEM)
-    import ks_launch_plan as lp
-    resolved = lp.resolve_plan(PLAN, KERNELS, lp.env_from_signature(SIGNATURE))
-    values = {"ID": "42", "PROBLEM": 'ln "small"', "SPEEDUP": "correct, 1.50x over PyTorch eager",
-              "SOURCE": SOURCE, "PLAN": json.dumps(PLAN), "SIGNATURE": json.dumps(SIGNATURE),
-              "KERNELS": json.dumps(KERNELS), "RESOLVED": json.dumps(resolved),
-              "NVRTC_OPTIONS": json.dumps(["--std=c++17"]), "PRELUDE_NAME": "ks_prelude.h",
-              "PRELUDE": "#define KS 1\n", "CUDA_HOME": "/nonexistent/cuda", "TARGET": "sm_90a",
-              "ROBUSTNESS": json.dumps({"specialised": False, "broken_by": "", "checks": []}),
-              "JUDGE": json.dumps({"contract": "highest", "factor": 16.0, "highest_factor": 16.0, "bound_block": 256,
-                                   "kernelbench_atol": 0.01, "kernelbench_rtol": 0.01})}
-    (d / "kernel_module.py").write_text(render((EXPORT_DIR / "kernel_module.py").read_text(), values))
-    spec = importlib.util.spec_from_file_location("kernel_module", d / "kernel_module.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return build_module(tmp_path_factory.mktemp("export"), PROBLEM, PLAN, SIGNATURE, KERNELS, SOURCE)
 
 
 def test_the_template_has_only_known_placeholders():
@@ -141,9 +121,9 @@ def test_cuda_home_is_found_or_named(module, monkeypatch):
         assert os.path.exists(os.path.join(home, "include", "cuda_fp16.h"))
 
 
-@pytest.mark.skipif(not hasattr(torch, "func"), reason="torch.func (torch >= 2) finds output shapes on meta")
 def test_output_shapes_follow_the_inputs(module):
     assert module.ModelNew(16)._output_shapes([torch.rand(7, 16)]) == [[7, 16]]
+    assert module.ModelNew(16)._output_shapes([torch.rand(4, 16)]) == [[4, 16]]  # the signature's
 
 
 if __name__ == "__main__":
