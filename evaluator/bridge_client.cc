@@ -207,6 +207,7 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     tensors.merge(bounds);
     ReadSetJudging(s, &set);
     set.transform = s.value("transform", "");
+    set.practice = s.value("practice", false);
     set.own_parameters = StringList(s, "parameters");
     KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, where));
     d.sets.push_back(std::move(set));

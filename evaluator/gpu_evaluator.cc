@@ -551,5 +551,62 @@ StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluateBatch(const std::vector<
   return out;
 }
 
+std::vector<int> GpuEvaluator::CheckedSets() const {
+  if (practice_) return ref_.PracticeSets();
+  std::vector<int> judging(static_cast<size_t>(ref_.JudgingSets()));
+  for (int s = 0; s < static_cast<int>(judging.size()); ++s) judging[s] = s;
+  return judging;
+}
+
+namespace {
+
+// practice_ for the length of one call (the evaluator is one caller at a time).
+class PracticeScope {
+ public:
+  explicit PracticeScope(bool* flag) : flag_(flag) { *flag_ = true; }
+  ~PracticeScope() { *flag_ = false; }
+  PracticeScope(const PracticeScope&) = delete;
+  PracticeScope& operator=(const PracticeScope&) = delete;
+
+ private:
+  bool* flag_;
+};
+
+// GpuEvaluator::PracticeView: the practice calls under CandidateEvaluator's names.
+class PracticeEvaluator final : public CandidateEvaluator {
+ public:
+  explicit PracticeEvaluator(GpuEvaluator* ev) : ev_(ev) {}
+  StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override {
+    return ev_->EvaluatePractice(candidates);
+  }
+  StatusOr<Evaluation> CompileOnly(const Candidate& candidate) override { return ev_->CompileOnly(candidate); }
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override {
+    return ev_->ReadPracticeCounters(candidates);
+  }
+  bool CanReadCounters() const override { return ev_->CanReadCounters(); }
+  std::string DeviceName() const override { return ev_->DeviceName(); }
+
+ private:
+  GpuEvaluator* const ev_;
+};
+
+}  // namespace
+
+StatusOr<std::vector<Evaluation>> GpuEvaluator::EvaluatePractice(const std::vector<Candidate>& candidates) {
+  if (!has_practice_sets())
+    return FailedPrecondition("this evaluator's reference has no practice sets (ReferenceOptions::practice_sets)");
+  PracticeScope scope(&practice_);
+  return EvaluateBatch(candidates);
+}
+
+std::vector<CounterReport> GpuEvaluator::ReadPracticeCounters(const std::vector<Candidate>& candidates) {
+  if (!has_practice_sets())
+    return std::vector<CounterReport>(candidates.size(),
+                                      CounterReport{{}, "this evaluator's reference has no practice sets", 0});
+  PracticeScope scope(&practice_);
+  return ReadCounters(candidates);
+}
+
+std::unique_ptr<CandidateEvaluator> GpuEvaluator::PracticeView() { return std::make_unique<PracticeEvaluator>(this); }
 
 }  // namespace ks

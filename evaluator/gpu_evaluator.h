@@ -199,6 +199,24 @@ class GpuEvaluator : public CandidateEvaluator {
   // The device malloc heap the worker's context was left with (as small as the driver allows).
   uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
   int sets() const { return static_cast<int>(ref_.sets.size()); }
+
+  // An agent's practice (search/agent.h), in the judging evaluator's own
+  // memory: its arena, worker and parameters, on the reference's practice
+  // sets (ReferenceOptions::practice_sets: other seeds, never judged). One
+  // GPU memory budget serves judging and practice, and a practice set costs
+  // only its inputs' pristine copy and its reference outputs.
+  // EvaluatePractice judges each candidate as EvaluateBatch does (every
+  // check of every run, timing), on the practice sets only: no shifted sets
+  // or other shapes (those belong to the judge), messages without reference
+  // values, and best_ms() untouched. FailedPrecondition without practice sets.
+  StatusOr<std::vector<Evaluation>> EvaluatePractice(const std::vector<Candidate>& candidates);
+  // ReadCounters with the profiled run on a practice set.
+  std::vector<CounterReport> ReadPracticeCounters(const std::vector<Candidate>& candidates);
+  bool has_practice_sets() const { return !ref_.PracticeSets().empty(); }
+  // A CandidateEvaluator whose EvaluateBatch and ReadCounters are the two
+  // above (CompileOnly and CanReadCounters this one's). It must not outlive
+  // this evaluator, and shares its one-caller-at-a-time rule.
+  std::unique_ptr<CandidateEvaluator> PracticeView();
   // The best median of a correct candidate so far (0 before the first).
   double best_ms() const { return best_ms_; }
 
@@ -395,6 +413,12 @@ class GpuEvaluator : public CandidateEvaluator {
   int worker_restarts_ = 0;
   uint64_t worker_heap_bytes_ = 0;
   double best_ms_ = 0;
+  // Set while EvaluatePractice or ReadPracticeCounters runs: the sets run
+  // are the practice sets (CheckedSets), and the phases that belong to the
+  // judge (shifted sets, other shapes, best_ms_) are skipped.
+  bool practice_ = false;
+  // The get_inputs() sets a candidate is checked on: the judging sets, or the practice sets.
+  std::vector<int> CheckedSets() const;
   // An evaluator of another shape (SetupOtherShapes): correctness on its
   // get_inputs_variants() sets only, no shifted sets, no timing.
   bool correctness_only_ = false;

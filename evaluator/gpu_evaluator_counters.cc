@@ -152,13 +152,13 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
   if (auto err = wire::ErrorOf(*reply)) return load_failed(err->message.empty() ? "load failed" : err->message);
 
   // The profiled run: the ordinary worker (idle, its module loaded) stands
-  // aside while RunOnce prepares, runs and verifies input set 0 in the other.
+  // aside while RunOnce prepares, runs and verifies an input set (a practice set when practising) in the other.
   const bool ready = worker_ready_;
   const int restarts = worker_restarts_;
   std::swap(worker_, *profiled);
   worker_ready_ = true;
   run_timeout_scale_ = kProfiledRunTimeoutScale;
-  RunResult run = RunOnce(0);
+  RunResult run = RunOnce(CheckedSets().front());
   // Followed by the checks of every run (RunOnce: outputs, the set's inputs,
   // guards) and of every input set, as the last run of a candidate is.
   if (run.status == EvalStatus::kCorrect) CheckEveryInputSet(run);

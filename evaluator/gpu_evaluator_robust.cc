@@ -166,6 +166,11 @@ void GpuEvaluator::NamePrecisionContract(Evaluation& e) const {
 // then the problem's other shapes. A run that crashes, hangs or fails to
 // launch on a shifted set fails the candidate; anything else only marks it.
 std::optional<Evaluation> GpuEvaluator::CheckRobustness(Judgement& j) {
+  if (practice_) {  // the shifted sets and other shapes are the judge's, never practised on
+    j.robustness.checks.push_back({"get_inputs", "held", std::to_string(CheckedSets().size()) + " practice set(s)"});
+    j.robustness.checks.push_back({"shifted", "not_checked", "practice: the distribution-shifted sets are the judge's"});
+    return std::nullopt;
+  }
   // The shifted sets ran among the get_inputs() sets (CheckCorrectness); a
   // set not run there (a crash ended that phase first) never counts as held.
   const RunResult* crashed = nullptr;

@@ -169,16 +169,16 @@ GpuEvaluator::RunResult GpuEvaluator::RunChecked(Judgement& j, int set) {
 std::optional<Evaluation> GpuEvaluator::CheckCorrectness(Judgement& j) {
   j.atomics = PtxUsesAtomics(j.compiled.ptx);
   j.first_bits.assign(ref_.sets.size(), std::vector<std::optional<uint64_t>>(outputs_.size()));
-  const int judging = ref_.JudgingSets();
-  std::vector<int> order;
-  for (int s = 0; s < judging; ++s) order.push_back(s);
-  if (!correctness_only_ && contract_ != Contract::kKernelBench)
+  const std::vector<int> checked = CheckedSets();
+  std::vector<int> order = checked;
+  if (!correctness_only_ && !practice_ && contract_ != Contract::kKernelBench)
     for (const InputTransform& t : ref_.transforms)
-      if (t.set >= judging && t.set < static_cast<int>(ref_.sets.size())) order.push_back(t.set);
+      if (t.set >= ref_.JudgingSets() && t.set < static_cast<int>(ref_.sets.size()) && !ref_.sets[t.set].practice)
+        order.push_back(t.set);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(std::random_device{}()));
   for (int s : order) {
     RunResult r = RunChecked(j, s);
-    if (s >= judging) {
+    if (!ref_.sets[s].transform.empty()) {
       j.shifted[s] = std::move(r);
       // A crash, hang or launch failure on a shifted set fails the candidate as any run does.
       if (j.shifted[s].status != EvalStatus::kCorrect && j.shifted[s].status != EvalStatus::kIncorrect) break;
@@ -189,7 +189,7 @@ std::optional<Evaluation> GpuEvaluator::CheckCorrectness(Judgement& j) {
     j.first_ms.push_back(r.ms);
   }
   // The timed runs' set, drawn too.
-  j.timing_set = static_cast<int>(std::random_device{}() % static_cast<unsigned>(std::max(judging, 1)));
+  j.timing_set = checked.empty() ? 0 : checked[std::random_device{}() % checked.size()];
   j.Phase("correctness");
   return std::nullopt;
 }

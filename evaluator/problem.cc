@@ -32,8 +32,15 @@ StatusOr<std::string> ReferenceData::FilePath(int set, const std::string& name) 
 
 int ReferenceData::JudgingSets() const {
   int n = 0;
-  while (n < static_cast<int>(sets.size()) && sets[n].transform.empty()) ++n;
+  while (n < static_cast<int>(sets.size()) && sets[n].transform.empty() && !sets[n].practice) ++n;
   return n;
+}
+
+std::vector<int> ReferenceData::PracticeSets() const {
+  std::vector<int> out;
+  for (int i = 0; i < static_cast<int>(sets.size()); ++i)
+    if (sets[i].practice) out.push_back(i);
+  return out;
 }
 
 std::string DefaultReferenceCacheDir() {
@@ -191,6 +198,7 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, manifest_path));
     ReadSetJudging(s, &set);
     set.transform = s.value("transform", "");
+    set.practice = s.value("practice", false);
     set.own_parameters = StringList(s, "parameters");
     KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, manifest_path));
     d.sets.push_back(std::move(set));

@@ -107,6 +107,12 @@ struct ReferenceOptions {
   // distribution-shifted sets). -1, the default, prepares get_inputs()'s and
   // then one reference per variant the problem declares (ReferenceData::shape_variants).
   int shape_variant = -1;
+  // An agent's practice sets (search/agent.h): practice_sets more get_inputs()
+  // sets after the judging ones, from seeds practice_seed + 1, ... (never
+  // judged: ReferenceSet::practice). Always kept; where the device or the
+  // cache is short, judging sets beyond two and shifted sets make way.
+  int practice_sets = 0;
+  uint64_t practice_seed = 0;
   // The precision contract judged under (judge.h names; an alias is taken as
   // its canonical name). Under "high" and "medium" eager and torch.compile are
   // timed with torch.set_float32_matmul_precision(that) and cuDNN TF32 on
@@ -165,6 +171,9 @@ struct ReferenceSet {
   // own output, where the float64 run was skipped; truth_note says why).
   std::string truth = "float32";
   std::string truth_note;
+  // An agent's practice set (ReferenceOptions::practice_sets): drawn from
+  // other seeds, after the judging sets; the judge never runs on it.
+  bool practice = false;
   // PyTorch's own float32 output against float64 on this set, by output
   // (where truth is float64); and, in `files` or the resident tensors under
   // BoundKey(output, level), the per-block bound arrays (judge.h).
@@ -250,8 +259,10 @@ struct ReferenceData {
   // Absolute path of tensor `name` in input set `set`.
   StatusOr<std::string> FilePath(int set, const std::string& name) const;
   // The get_inputs() sets: the first JudgingSets() of `sets` (the others are
-  // distribution-shifted, ReferenceSet::transform).
+  // practice sets, then distribution-shifted ones, ReferenceSet::transform).
   int JudgingSets() const;
+  // The indexes of the practice sets (ReferenceSet::practice), in order.
+  std::vector<int> PracticeSets() const;
 };
 
 // $KS_CACHE_DIR, else $XDG_CACHE_HOME/kernelsearch/reference, else

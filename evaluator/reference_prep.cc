@@ -62,8 +62,9 @@ struct SetFit {
 };
 
 // Disk: parameters once, inputs and outputs per set. Device (GpuEvaluator's
-// layout): the arena (every set's inputs, parameters, outputs) and the pristine
-// copy (inputs and parameters again), plus one reference copy of the outputs per set.
+// layout): the arena (one set's inputs, the parameters, the outputs), the
+// pristine copy (every set's inputs, the parameters), and one reference copy
+// of the outputs per set.
 // (A resident reference's rule is fit_resident in reference/ks_bridge/resident.py, which decides it.)
 // `shifted` of the `asked` sets are distribution-shifted ones, taken last (as
 // PrepareReference shares the room): each may carry its own copy of the
@@ -79,7 +80,7 @@ SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_avai
   const int judging = asked - shifted;
   auto shifted_in = [&](int k) -> uint64_t { return std::clamp(k - std::max(std::min(judging, 2), k - shifted), 0, shifted); };
   auto disk = [&](int k) { return params + uint64_t(k) * (in + out) + shifted_in(k) * own; };
-  auto device = [&](int k) { return 2 * params + out + uint64_t(k) * (2 * in + out) + 2 * shifted_in(k) * own; };
+  auto device = [&](int k) { return 2 * params + in + out + uint64_t(k) * (in + out) + 2 * shifted_in(k) * own; };
   const uint64_t disk_limit = std::min(cap, disk_available);
   SetFit f;
   for (int k = asked; k >= 1; --k) {
@@ -95,7 +96,8 @@ SetFit FitSets(const Signature& sig, int asked, uint64_t cap, uint64_t disk_avai
                                                                    : "may use only " + HumanBytes(disk_available) + " (free disk plus its own entries)");
     else
       f.why = std::to_string(k) + " set(s) need " + HumanBytes(device(k)) + " of GPU memory (" +
-              HumanBytes(2 * in + out) + " per set: inputs, their pristine copy, reference outputs), but " +
+              HumanBytes(in + out) + " per set: the inputs' pristine copy and the reference outputs, beside " +
+              HumanBytes(in + out + 2 * params) + " for the candidate's buffers), but " +
               HumanBytes(device_budget) + " is free";
   }
   return f;
@@ -217,6 +219,10 @@ std::string bridge_internal::KeyHash(const KeyFacts& k, const ReferenceOptions& 
   AddKeyField(key, "problem", k.problem_bytes);
   AddKeyField(key, "sets", std::to_string(opts.sets));
   AddKeyField(key, "seed", std::to_string(opts.seed));
+  if (opts.practice_sets > 0) {  // fields only where there are any: other entries keep their keys
+    AddKeyField(key, "practice sets", std::to_string(opts.practice_sets));
+    AddKeyField(key, "practice seed", std::to_string(opts.practice_seed));
+  }
   AddKeyField(key, "device", k.device_kind);
   AddKeyField(key, "bridge", k.bridge_bytes);
   AddKeyField(key, "timing", k.timing_bytes);
@@ -268,6 +274,10 @@ std::vector<std::string> bridge_internal::ReferenceArgs(const std::string& file,
                                                         bool timing_cached) {
   std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
+  if (opts.practice_sets > 0)
+    for (const std::string& a : {std::string("--practice-sets"), std::to_string(opts.practice_sets),
+                                 std::string("--practice-seed"), std::to_string(opts.practice_seed)})
+      args.push_back(a);
   if (opts.shape_variant >= 0) {
     // Another shape: its own reference, without distribution-shifted sets.
     for (const std::string& a : {std::string("--variant"), std::to_string(opts.shape_variant),
@@ -333,22 +343,25 @@ StatusOr<EntryFit> FitEntry(const std::string& file, const Signature& sig, const
   KS_ASSIGN_OR_RETURN(uint64_t free_disk, FreeDiskBytes(place.cache.string()));
   KS_ASSIGN_OR_RETURN(CacheUsage usage, ReadCacheUsage(place.cache.string()));
   const uint64_t room = free_disk + usage.entry_bytes;
-  const SetFit plain = FitSets(sig, opts.sets, place.cap, room, opts.device_budget);
-  if (plain.sets < std::min(opts.sets, 2)) return ResourceExhausted(file + ": " + plain.why);
+  // Practice sets (an agent's) are kept whole, like the first two judging sets.
+  const int practice = std::max(opts.practice_sets, 0);
+  const SetFit plain = FitSets(sig, opts.sets + practice, place.cap, room, opts.device_budget);
+  if (plain.sets < std::min(opts.sets, 2) + practice) return ResourceExhausted(file + ": " + plain.why);
   // The distribution-shifted sets (transforms.py) share the room: where it is
   // short, judging sets beyond two make way for them (a problem at KernelBench's
   // sizes otherwise keeps none, and those are the problems users export).
   const int shifted_max = opts.shape_variant >= 0 ? 0 : kTransformSets;  // none at another shape
-  const SetFit all = FitSets(sig, opts.sets + shifted_max, place.cap, room, opts.device_budget, shifted_max);
+  const SetFit all =
+      FitSets(sig, opts.sets + practice + shifted_max, place.cap, room, opts.device_budget, shifted_max);
   EntryFit e;
   e.fit = plain;
-  e.fit.sets = std::min(opts.sets, std::max(std::min(opts.sets, 2), all.sets - shifted_max));
-  e.transform_room = std::clamp(all.sets - e.fit.sets, 0, shifted_max);
+  e.fit.sets = std::min(opts.sets, std::max(std::min(opts.sets, 2), all.sets - practice - shifted_max));
+  e.transform_room = std::clamp(all.sets - practice - e.fit.sets, 0, shifted_max);
   e.fit.disk_bytes = std::max(plain.disk_bytes, all.disk_bytes);
   if (e.fit.sets < opts.sets)
     e.warnings.push_back("using " + std::to_string(e.fit.sets) + " of the " + std::to_string(opts.sets) +
                          " input sets asked for" +
-                         (e.fit.sets < plain.sets ? " (and " + std::to_string(e.transform_room) +
+                         (e.fit.sets + practice < plain.sets ? " (and " + std::to_string(e.transform_room) +
                                                         " distribution-shifted set(s) in the room of the others)"
                                                   : std::string()) +
                          ": " + (plain.why.empty() ? all.why : plain.why));
@@ -476,6 +489,7 @@ StatusOr<ReferenceData> PrepareReference(const std::string& file, const Referenc
     vo.shape_variant = i;
     vo.sets = 2;       // correctness only: two sets tell a kernel that ignores its inputs
     vo.time = false;   // never timed at other shapes
+    vo.practice_sets = 0;  // the agent practices at get_inputs()'s shapes
     const std::string which = file + ": get_inputs_variants()[" + std::to_string(i) + "]";
     auto v = PrepareOneReference(file, vo);
     if (!v.ok()) return v.status().WithContext(which);

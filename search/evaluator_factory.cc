@@ -93,6 +93,10 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
     ro.time = true;
     ro.seed = options.reference_seed;
     ro.precision = options.precision;  // the baselines timed under the contract judged under
+    if (options.practice_sets > 0) {
+      ro.practice_sets = options.practice_sets;
+      ro.practice_seed = kPracticeReferenceSeed;
+    }
     // Sets beyond what the GPU holds are not prepared (at least 2; a warning
     // says so): one reference serves every GPU, so the smallest free memory counts.
     for (int d : devices) {
@@ -117,16 +121,23 @@ StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, c
       auto peaks = ev->Peaks();
       return GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(), peaks.ok() ? &*peaks : nullptr);
     };
+    auto practice_of = [&](GpuEvaluator* ev) {
+      if (options.practice_sets > 0 && ev->has_practice_sets()) made.practice = ev->PracticeView();
+    };
     if (devices.size() == 1) {
       KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(devices.front()));
       made.gpu = facts_of(ev.get());
+      practice_of(ev.get());
       made.evaluator = std::move(ev);
       return made;
     }
     // The prompts describe the first GPU (the GPUs of one host are alike).
     auto make = [&](int device) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
       KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(device));
-      if (device == devices.front()) made.gpu = facts_of(ev.get());
+      if (device == devices.front()) {
+        made.gpu = facts_of(ev.get());
+        practice_of(ev.get());  // the agent practises on the first GPU, between the pool's batches
+      }
       return std::unique_ptr<CandidateEvaluator>(std::make_unique<DeviceBoundEvaluator>(std::move(ev), device));
     };
     KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));

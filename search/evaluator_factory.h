@@ -38,6 +38,11 @@ struct EvaluatorOptions {
   uint64_t reference_seed = 42;
   // GpuEvaluatorOptions::reveal_reference_values (off for practice evaluators).
   bool reveal_reference_values = true;
+  // An agent's practice sets in the judging reference (ReferenceOptions::
+  // practice_sets, from kPracticeReferenceSeed): the GPU evaluator then
+  // serves the agent's tools too (SearchEvaluator::practice), in one GPU
+  // memory budget with the judge. 0: none.
+  int practice_sets = 0;
 };
 
 // Practice sets are drawn from seeds 1043, 1044, ... (set i uses seed + 1 + i)
@@ -56,6 +61,11 @@ struct SearchEvaluator {
   // it was computed: the GPU evaluator's reference, or the bridge's CPU check
   // for a scripted evaluator told to run it ("check_reference"). Empty: it can.
   std::vector<std::string> degenerate;
+  // With EvaluatorOptions::practice_sets on the GPU evaluator: the agent's
+  // practice evaluator (GpuEvaluator::PracticeView of the first GPU's), which
+  // must be destroyed before `evaluator`. Null otherwise (a scripted
+  // evaluator: the caller makes a practice evaluator of its own).
+  std::unique_ptr<CandidateEvaluator> practice;
 };
 
 // The caller owns the evaluator; it is used for one problem.

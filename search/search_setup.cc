@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "common/files.h"
 #include "evaluator/problem.h"
 #include "search/gpu_datasheet.h"
@@ -129,11 +131,78 @@ StatusOr<std::unique_ptr<SearchSetup>> SearchSetup::Open(store::LineageStore* st
   return s;
 }
 
-Status SearchSetup::MakePracticeEvaluator(EvaluatorOptions eo) {
-  Phase("preparing the agent's practice reference (other input sets than the judging ones)");
+EvaluatorOptions PracticeEvaluatorOptions(EvaluatorOptions eo) {
   eo.reference_seed = kPracticeReferenceSeed;
   eo.reveal_reference_values = false;  // the agent's tools give error figures, never reference values
   eo.gpus = "";  // one GPU: an agent's test is one candidate at a time
+  return eo;
+}
+
+std::string RoundsChange::Describe(int64_t search_id) const {
+  const std::string id = std::to_string(search_id);
+  if (reopened)
+    return after == before + 1
+               ? fmt::format("search {} ran its {} rounds; running round {} ({} in all)", id, before, after, after)
+               : fmt::format("search {} ran its {} rounds; running rounds {} to {} ({} in all)", id, before,
+                             before + 1, after, after);
+  if (after == before) return fmt::format("search {}: {} rounds in all, as before", id, after);
+  return fmt::format("search {}: {} rounds in all (was {})", id, after, before);
+}
+
+StatusOr<RoundsChange> SetSearchRounds(store::LineageStore* store, int64_t search_id, int rounds) {
+  const std::string id = std::to_string(search_id);
+  KS_ASSIGN_OR_RETURN(store::SearchRow search, store->GetSearch(search_id));
+  if (search.status == store::SearchStatus::kFailed && search.stop_reason.rfind(kReferenceRefusal, 0) == 0)
+    return FailedPrecondition("search " + id + " stopped on its GPU side: " +
+                              search.stop_reason.substr(std::string(kReferenceRefusal).size()) +
+                              "\n(change the problem and start a new search)");
+  nlohmann::json cj = nlohmann::json::parse(search.config_json, nullptr, /*allow_exceptions=*/false);
+  auto parsed = SearchConfigFromJson(cj);
+  if (!parsed.ok()) return parsed.status().WithContext("search " + id + " config");
+  SearchConfig config = std::move(parsed).value();
+  RoundsChange change{.before = config.rounds, .after = rounds};
+  if (search.status == store::SearchStatus::kFinished) {
+    if (search.stop_reason != kStopRounds)
+      return FailedPrecondition("search " + id + " finished: " + search.stop_reason +
+                                "; more rounds would stop at once for the same reason (budgets and the target "
+                                "hold across resumes): start a new search to go on");
+    if (rounds <= config.rounds)
+      return InvalidArgument(fmt::format("search {} ran its {} rounds already; the rounds given are the new total "
+                                         "(after round 0): give more than {} to add rounds ({} runs round {})",
+                                         id, config.rounds, config.rounds, config.rounds + 1, config.rounds + 1));
+    change.reopened = true;
+  }
+  config.rounds = rounds;
+  KS_RETURN_IF_ERROR(config.Validate().WithContext("search " + id));
+  KS_RETURN_IF_ERROR(store->SetSearchConfig(search_id, SearchConfigToJson(config).dump()));
+  // Pending, not finished: a resume without rounds now goes on too, and a
+  // server that restarts picks it up.
+  if (change.reopened) KS_RETURN_IF_ERROR(store->SetSearchStatus(search_id, store::SearchStatus::kPending, ""));
+  return change;
+}
+
+std::string FinishedSearchNote(const store::SearchRow& search, const SearchConfig& config,
+                               const std::string& command) {
+  if (search.status != store::SearchStatus::kFinished) return "";
+  auto fill = [&](int total) {
+    std::string out = command;
+    for (auto [key, value] : {std::pair<std::string, std::string>{"{id}", std::to_string(search.id)},
+                              {"{rounds}", std::to_string(total)}})
+      for (size_t at; (at = out.find(key)) != std::string::npos;) out.replace(at, key.size(), value);
+    return out;
+  };
+  if (search.stop_reason != kStopRounds)
+    return fmt::format("search {} is finished ({}); nothing to resume, and more rounds would stop at once for the "
+                       "same reason: start a new search to go on",
+                       search.id, search.stop_reason.empty() ? "no reason recorded" : search.stop_reason);
+  return fmt::format("search {} is finished: it ran its {} rounds; nothing to resume. To add rounds, give the new "
+                     "total: `{}` runs round {}",
+                     search.id, config.rounds, fill(config.rounds + 1), config.rounds + 1);
+}
+
+Status SearchSetup::MakePracticeEvaluator(EvaluatorOptions eo) {
+  Phase("preparing the agent's practice reference (other input sets than the judging ones)");
+  eo = PracticeEvaluatorOptions(std::move(eo));
   auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_) : MakeSearchEvaluator(problem_file_, eo);
   if (!made.ok()) return made.status().WithContext("the agent's practice evaluator");
   practice_evaluator_ = std::move(made->evaluator);
@@ -149,6 +218,9 @@ Status SearchSetup::PrepareEvaluator() {
   };
   EvaluatorOptions eo = options_.evaluator;
   eo.precision = config_.precision;  // the search's contract, whoever evaluates it
+  // An agent practises on sets of its own inside the judging evaluator: one
+  // GPU memory budget, one worker (GpuEvaluator::EvaluatePractice).
+  if (config_.implement == "agent") eo.practice_sets = 1;
   auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_) : MakeSearchEvaluator(problem_file_, eo);
   if (!made.ok()) {
     // The problem's own fault (a nondeterministic forward, get_inputs
@@ -160,7 +232,11 @@ Status SearchSetup::PrepareEvaluator() {
     return refuse(judge);
   evaluator_ = std::move(made->evaluator);
   measured_gpu_ = made->gpu;
-  if (config_.implement == "agent") KS_RETURN_IF_ERROR(MakePracticeEvaluator(eo));
+  practice_evaluator_ = std::move(made->practice);
+  if (config_.implement == "agent" && !practice_evaluator_) {  // a scripted evaluator: one of its own
+    eo.practice_sets = 0;
+    KS_RETURN_IF_ERROR(MakePracticeEvaluator(eo));
+  }
   // What this GPU measured, for the prompts of this search and of split
   // searches that name this GPU (the orchestrator reads it from the store).
   if (!measured_gpu_) return Status::Ok();

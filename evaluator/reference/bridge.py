@@ -35,6 +35,12 @@ problem prints goes to stderr so it cannot corrupt that object):
       and made room for the cache entry meanwhile), writes DIR as
       reference --out does and prints the manifest. EOF instead of the line
       ends it quietly.
+      With --practice-sets P --practice-seed Q (any of the forms above), P
+      more get_inputs() sets follow the K judging sets, drawn from seeds
+      Q+1..Q+P and marked "practice" in the manifest: an agent's practice
+      sets (search/agent.h), which the judge never uses. They are always
+      kept; where the device is short, judging sets beyond two and the
+      distribution-shifted sets make way.
       With --time and --device cuda, torch.compile's timing is done by a
       helper started at once (time-compiled, below). With --precision LEVEL
       (a precision contract, high or medium) eager and torch.compile are
@@ -115,6 +121,15 @@ def _files_request():
         raise BridgeError("bad_arguments", "bridge.py: bad request after the signature: %s: %r" % (e, line[:200]))
 
 
+def _practice(args):
+    """(P, Q): --practice-sets and --practice-seed, or None without practice sets."""
+    if not args.practice_sets:
+        return None
+    if args.practice_sets < 0 or args.practice_seed is None:
+        raise BridgeError("bad_arguments", "--practice-sets P needs P >= 0 and --practice-seed")
+    return args.practice_sets, args.practice_seed
+
+
 _RESIDENT = None  # reference --resident: what the evaluator maps, alive until stdin closes
 
 
@@ -144,27 +159,29 @@ def cmd_reference(problem, args):
                     return None
                 out, sets, do_time, room = req
                 manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room,
-                                         timing_level=args.precision)
+                                         timing_level=args.precision, practice=_practice(args))
                 write_manifest(out, manifest)
                 return manifest
-            plain, why = fit_resident(sig, args.sets, args.device_budget)
-            if plain < min(args.sets, 2):
+            practice = args.practice_sets
+            plain, why = fit_resident(sig, args.sets + practice, args.device_budget)
+            if plain < min(args.sets, 2) + practice:
                 raise BridgeError("out_of_memory", "%s: %s" % (problem.path, why))
             # The distribution-shifted sets share the room: where it is short,
-            # judging sets beyond two make way for them (PrepareReference's rule).
-            total, why_all = fit_resident(sig, args.sets + args.transform_sets, args.device_budget,
+            # judging sets beyond two make way for them (PrepareReference's
+            # rule). Practice sets are kept whole: they were asked for.
+            total, why_all = fit_resident(sig, args.sets + practice + args.transform_sets, args.device_budget,
                                           args.transform_sets)
-            sets = min(args.sets, max(min(args.sets, 2), total - args.transform_sets))
-            room = max(0, min(args.transform_sets, total - sets))
+            sets = min(args.sets, max(min(args.sets, 2), total - practice - args.transform_sets))
+            room = max(0, min(args.transform_sets, total - practice - sets))
             if sets < args.sets:
                 warning = "using %d of the %d input sets asked for%s: %s" % (
                     sets, args.sets, " (and %d distribution-shifted set(s) in the room of the others)" % room
-                    if sets < plain else "", why or why_all)
+                    if sets + practice < plain else "", why or why_all)
         else:
             room = args.transform_sets
         _RESIDENT = _Resident()
         manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
-                                 transform_room=room, timing_level=args.precision)
+                                 transform_room=room, timing_level=args.precision, practice=_practice(args))
         manifest["resident"] = True
         if warning:
             manifest["warnings"].insert(0, warning)
@@ -172,7 +189,8 @@ def cmd_reference(problem, args):
     if not args.out:
         raise BridgeError("bad_arguments", "reference needs --out DIR (or --resident / --then-files)")
     manifest = run_reference(problem, args.out, args.sets, args.seed, args.device, args.time,
-                             transform_room=args.transform_sets, timing_level=args.precision)
+                             transform_room=args.transform_sets, timing_level=args.precision,
+                             practice=_practice(args))
     write_manifest(args.out, manifest)
     return manifest
 
@@ -235,6 +253,8 @@ def _parser():
             s.add_argument("--device-budget", type=int, default=0)
             # Room for this many distribution-shifted sets (transforms.py); 0: none.
             s.add_argument("--transform-sets", type=int, default=4)
+            s.add_argument("--practice-sets", type=int, default=0)
+            s.add_argument("--practice-seed", type=int, default=None)
         if name in ("reference", "time-compiled"):
             # Eager and torch.compile timed under a precision contract's level
             # (torch.set_float32_matmul_precision(level), cuDNN TF32 on); absent: PyTorch's defaults.

@@ -1050,14 +1050,50 @@ TEST(CacheTest, SetsBeyondTheGpuBudgetAreNotPrepared) {
   REQUIRE_TORCH();
   TempDir cache;
   ReferenceOptions o = CpuOptions(cache.path(), 4);
-  // GpuEvaluator per set: inputs twice (arena, pristine copy) and the outputs once; one more output buffer.
+  // GpuEvaluator: the arena holds one set (inputs, outputs); per set, the
+  // inputs' pristine copy and the reference outputs.
   const uint64_t in = (64 * 32 + 32 * 48) * 4, out = 64 * 48 * 4;
-  o.device_budget = out + 3 * (2 * in + out);
+  o.device_budget = in + out + 3 * (in + out);
   auto r = PrepareReference(Fixture("matmul.py"), o);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->sets.size(), 3u);
   ASSERT_FALSE(r->warnings.empty());
   EXPECT_THAT(r->warnings[0], HasSubstr("GPU memory"));
+}
+
+TEST(CacheTest, PracticeSetsFollowTheJudgingSetsAndAreKeptWhereRoomIsShort) {
+  REQUIRE_TORCH();
+  TempDir cache;
+  ReferenceOptions o = CpuOptions(cache.path(), 3);
+  o.practice_sets = 1;
+  o.practice_seed = 1042;
+  auto r = PrepareReference(Fixture("matmul.py"), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->JudgingSets(), 3);
+  ASSERT_EQ(r->PracticeSets(), std::vector<int>{3});
+  EXPECT_EQ(r->sets[3].seed, 1043u);
+  EXPECT_TRUE(r->sets[3].transform.empty());
+  ASSERT_GT(r->sets.size(), 4u);  // the shifted sets follow
+  for (size_t s = 4; s < r->sets.size(); ++s) EXPECT_FALSE(r->sets[s].transform.empty()) << s;
+  // Another entry than the reference without practice sets (its own key).
+  auto plain = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path(), 3));
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_NE(plain->dir, r->dir);
+  EXPECT_TRUE(plain->PracticeSets().empty());
+
+  // Room for four sets: two judging sets, the practice set, one shifted set.
+  TempDir small;
+  ReferenceOptions tight = CpuOptions(small.path(), 3);
+  tight.practice_sets = 1;
+  tight.practice_seed = 1042;
+  const uint64_t in = (64 * 32 + 32 * 48) * 4, out = 64 * 48 * 4;
+  tight.device_budget = in + out + 4 * (in + out);
+  auto t = PrepareReference(Fixture("matmul.py"), tight);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->JudgingSets(), 2);
+  EXPECT_EQ(t->PracticeSets(), std::vector<int>{2});
+  ASSERT_EQ(t->sets.size(), 4u);
+  EXPECT_FALSE(t->sets[3].transform.empty());
 }
 
 TEST(CacheTest, TemporaryDirectoriesOfKilledRunsAreRemoved) {

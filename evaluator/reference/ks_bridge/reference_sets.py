@@ -82,7 +82,7 @@ def _fits_for_timing(kept_bytes, new_bytes, device):
 
 
 def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None,
-                  timing_level=None):
+                  timing_level=None, practice=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
     or keeps them on the GPU when `resident` (a _Resident) is given; then up
     to `transform_room` distribution-shifted sets (transforms.py,
@@ -93,18 +93,22 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     when one runs (reference --time), else here; both baselines under
     `timing_level` ("high", "medium": rounding.timing_precision; None:
     PyTorch's defaults), which the manifest names ("timing_precision").
+    `practice` = (P, Q): P more get_inputs() sets after the K, from seeds
+    Q+1..Q+P, marked "practice" (an agent's practice sets; never judged);
+    they take part in nothing a judging set decides (the checks of set 0,
+    the timing, the shifted sets' origin).
     """
     import torch  # noqa: F401 - as before the split: torch first, then the arguments
     if sets < 1:
         raise BridgeError("bad_arguments", "--sets must be at least 1")
-    run = _ReferenceRun(problem, out_dir, sets, seed, do_time, resident, timing_level)
+    run = _ReferenceRun(problem, out_dir, sets, seed, do_time, resident, timing_level, practice)
     run.build_model(device_name)
-    for i in range(sets):
+    for i in range(run.sets):
         run.run_set(i)
     run.check_sets_differ()
     # What makes the reference unable to judge (the GPU side of a search stops on
     # these), apart from the timing warnings that follow.
-    degenerate = run.warnings.messages(sets)
+    degenerate = run.warnings.messages(run.sets)
     run.add_shifted_sets(transform_room)
     run.time()
     run.export_resident()
@@ -115,9 +119,14 @@ class _ReferenceRun:
     """One reference in the making: run_reference's phases, in order, and what
     they share (the model, the signature found so far, the sets, warnings)."""
 
-    def __init__(self, problem, out_dir, sets, seed, do_time, resident, timing_level=None):
+    def __init__(self, problem, out_dir, sets, seed, do_time, resident, timing_level=None, practice=None):
         import time
-        self.problem, self.out_dir, self.sets, self.seed = problem, out_dir, sets, seed
+        self.problem, self.out_dir, self.seed = problem, out_dir, seed
+        # The judging sets, then the practice ones: self.sets counts both
+        # (every per-set step runs on each), set_seed(i) tells them apart.
+        self.judging = sets
+        self.practice_seed = practice[1] if practice else None
+        self.sets = sets + (practice[0] if practice else 0)
         self.do_time, self.resident = do_time, resident
         self.timing_level = timing_level
         self.timing_precision = "default"  # what the baselines were timed under, once they are
@@ -176,13 +185,19 @@ class _ReferenceRun:
                 store_tensor(v, os.path.join(self.out_dir, rel))
                 self.files_params[k] = rel
 
+    def set_seed(self, i):
+        """Set i's seed: judging sets from seed+1, practice sets from practice_seed+1."""
+        if i < self.judging:
+            return self.seed + 1 + i
+        return self.practice_seed + 1 + (i - self.judging)
+
     def run_set(self, i):
         """Input set i: its inputs kept (written, or fingerprinted) before
         forward can change them, forward, set 0's checks, its outputs checked
         for degeneracy and kept."""
         import torch
         problem, device = self.problem, self.device
-        set_seed = self.seed + 1 + i
+        set_seed = self.set_seed(i)
         self.phase("writing files")  # the parameters, before the first set
         inputs = problem.inputs(set_seed, device)
         if device.type == "cuda":
@@ -223,15 +238,18 @@ class _ReferenceRun:
         del pristine
         self._keep_outputs(i, set_seed, outputs, truth, set_dir, files)
         del outputs
-        self.manifest_sets.append(dict({"seed": set_seed, "files": files}, **truth.manifest_fields()))
+        entry = dict({"seed": set_seed, "files": files}, **truth.manifest_fields())
+        if i >= self.judging:
+            entry["practice"] = True
+        self.manifest_sets.append(entry)
         truth.release()
         if self.resident is not None:
             _keep_inputs_pristine(problem, specs, self.input_hashes, self.input_prints, i, set_seed, device)
             self.phase("input fingerprints")
-            self.timing_sets.append(self.input_hashes[i] if len(self.timing_sets) < 2 else None)
+            self.timing_sets.append(self.input_hashes[i] if len(self.timing_sets) < 2 and i < self.judging else None)
             del inputs
             return
-        if self.do_time and device.type == "cuda":
+        if self.do_time and device.type == "cuda" and i < self.judging:
             nbytes = sum(v.numel() * v.element_size() for v in inputs if isinstance(v, torch.Tensor))
             if _fits_for_timing(self.kept_bytes, nbytes, device):
                 self.timing_sets.append(inputs)
@@ -416,7 +434,7 @@ class _ReferenceRun:
             return
         for i in range(sets):
             _keep_inputs_pristine(self.problem, self.sig_inputs, self.input_hashes, self.input_prints, i,
-                                  self.seed + 1 + i, self.device)
+                                  self.set_seed(i), self.device)
         torch.cuda.empty_cache()
         names = [spec["name"] for spec in self.sig_inputs if spec["kind"] == "tensor"]
         for i, entry in enumerate(self.manifest_sets[:sets]):

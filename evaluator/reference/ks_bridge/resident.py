@@ -25,19 +25,20 @@ def fit_resident(sig, asked, budget, shifted=0):
     """How many input sets a resident reference may have on `budget` bytes of
     GPU memory (0 = no limit): the bridge keeps each set's inputs and outputs
     and the parameters twice (the model's and the pre-forward copy); the
-    evaluator's arena and pristine copy take the inputs twice more and the
-    arena one output; one more output is margin for what forward allocates.
+    evaluator's pristine copy takes each set's inputs once more, its arena
+    one set's inputs and one output (it stages one set at a time); one more
+    output is margin for what forward allocates.
     Returns (sets, why) with why naming the limit when sets < asked."""
     inp, out, par = _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"]), _spec_bytes(sig["parameters"])
     # A distribution-shifted set (the last `shifted` of `asked`) may have its
     # own float32 parameters (transforms.py): kept here, in the arena and its pristine copy.
     own = _spec_bytes([p for p in sig["parameters"] if p.get("dtype") in ("float32", "float64")])
-    per_set = 3 * inp + out
+    per_set = 2 * inp + out
     judging = asked - shifted
 
     def need(k):
         shifted_in = max(0, min(shifted, k - max(min(judging, 2), k - shifted)))
-        return 4 * par + 2 * out + k * per_set + 3 * own * shifted_in
+        return 4 * par + 2 * out + inp + k * per_set + 3 * own * shifted_in
 
     sets = 0
     for k in range(asked, 0, -1):
@@ -47,8 +48,8 @@ def fit_resident(sig, asked, budget, shifted=0):
     why = ""
     if sets < asked:
         k = sets + 1
-        why = ("%d set(s) need %s of GPU memory (%s per set: the reference's inputs and outputs, the candidate's "
-               "inputs and their pristine copy), but %s is free" % (k, _human(need(k)), _human(per_set),
+        why = ("%d set(s) need %s of GPU memory (%s per set: the reference's inputs and outputs, the pristine copy "
+               "of the inputs), but %s is free" % (k, _human(need(k)), _human(per_set),
                                                                    _human(budget)))
     return sets, why
 

@@ -170,3 +170,29 @@ def test_parameter_transforms_metadata():
     running = model[1].running_var.clone()
     transforms.apply_to_parameters("scale_up", model, 43)
     assert torch.equal(model[0].weight.detach(), w * 1e5) and torch.equal(model[1].running_var, running)
+
+
+def test_practice_sets_follow_the_judging_sets_from_their_own_seeds(tmp_path):
+    # An agent's practice sets (search/agent.h) in the judging reference:
+    # after the K judging sets, before the shifted ones, marked, seeded apart.
+    m = _reference(tmp_path, FIXTURES / "matmul.py", "--practice-sets", "1", "--practice-seed", "1042",
+                   "--transform-sets", "1")
+    sets = m["sets"]
+    assert [s.get("practice", False) for s in sets] == [False, False, True, False]
+    assert [s["seed"] for s in sets[:3]] == [43, 44, 1043]
+    assert [s.get("transform") for s in sets] == [None, None, None, "scale_up"]
+    ref = tmp_path / "ref"
+    inputs = [k for k, rel in sets[2]["files"].items() if rel.startswith("set2/")]
+    assert inputs, sets[2]["files"]
+    for k in inputs:  # another seed: other tensors than the judging sets'
+        assert (ref / sets[2]["files"][k]).read_bytes() != (ref / sets[0]["files"][k]).read_bytes()
+    # The shifted set is made from judging set 0, not from the practice set.
+    assert m["transforms"][0]["set"] == 3
+
+
+def test_practice_sets_need_a_seed(tmp_path):
+    out = tmp_path / "ref"
+    r = subprocess.run([sys.executable, str(BRIDGE), "reference", str(FIXTURES / "matmul.py"), "--out", str(out),
+                        "--sets", "2", "--device", "cpu", "--practice-sets", "1"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "--practice-seed" in r.stdout, r.stdout + r.stderr
