@@ -143,6 +143,13 @@ StatusOr<std::vector<std::string>> LineageStore::RenewLeases(const std::vector<s
     KS_STMT(u, "UPDATE leases SET expires_at = ?1 WHERE lease_id = ?2 AND expires_at > ?3");
     u.Bind(1, release ? now : now + lease_s).Bind(2, id).Bind(3, now);
     KS_RETURN_IF_ERROR(u.Run());
+    if (sqlite3_changes(db_.get()) > 0) continue;
+    // An agent's practice call (store/practice_calls.cc): renewed by the
+    // (short) length it was leased for, so that a dead worker's call moves on soon.
+    KS_STMT(p, "UPDATE practice_calls SET expires_at = CASE WHEN ?1 THEN ?2 ELSE ?2 + lease_s END "
+               "WHERE lease_id = ?3 AND expires_at > ?2 AND state = 'pending'");
+    p.Bind(1, release ? 1 : 0).Bind(2, now).Bind(3, id);
+    KS_RETURN_IF_ERROR(p.Run());
     if (sqlite3_changes(db_.get()) == 0) lost.push_back(id);
   }
   KS_RETURN_IF_ERROR(txn.Commit());

@@ -221,6 +221,40 @@ struct LeasedCandidateRow {
   bool allow_degenerate = false;   // its search's --allow-degenerate
 };
 
+// An agent's practice call run by a GPU worker (issue 32; server/practice_calls.h):
+// one compile, test or profile of a draft, on the practice input sets.
+enum class PracticeTool { kCompile, kTest, kProfile };
+const char* PracticeToolName(PracticeTool t);  // "compile", "test", "profile"
+StatusOr<PracticeTool> ParsePracticeTool(const std::string& s);
+
+enum class PracticeCallState { kPending, kDone, kFailed, kAbandoned };
+
+struct PracticeCallRow {
+  int64_t id = 0;
+  int64_t search_id = 0;
+  PracticeTool tool = PracticeTool::kTest;
+  std::string source;
+  std::string plan_json;
+  PracticeCallState state = PracticeCallState::kPending;
+  std::string result_json;  // done: EvaluationToJson (compile, test) or CounterReportToJson (profile)
+  std::string error;        // failed: why
+  std::string worker;       // the last worker that leased it
+  int attempts = 0;         // leases it has had
+};
+
+// A leased practice call, with what the worker needs to run it.
+struct LeasedPracticeCallRow {
+  PracticeCallRow call;
+  int64_t problem_id = 0;
+  std::string lease_id;
+  double expires_at = 0;
+  std::string precision = "highest";
+};
+
+// Leases a practice call may have before it fails (its workers kept dying or
+// giving it back): the agent waiting for it is told instead of waiting on.
+inline constexpr int kMaxPracticeAttempts = 5;
+
 // SHA-256 of what a model was asked (role, system prompt and prompt), for
 // matching calls on resume.
 std::string PromptHash(const std::string& role, const std::string& system, const std::string& prompt);
@@ -392,6 +426,31 @@ class LineageStore {
                      int64_t* search_id);
   // Pending candidates, and how many of them a live lease holds.
   StatusOr<std::pair<int64_t, int64_t>> PendingAndLeased(int64_t search_id, double now);
+
+  // ---- Agents' practice calls through GPU workers (issue 32; store/practice_calls.cc) ----
+  // RenewLeases above renews and releases their leases too (each by the
+  // length it was granted).
+  // A new pending call, or the id of a pending one of the same search, tool,
+  // source and plan (a resumed agent asking again, or two agents asking the
+  // same): it is run once.
+  StatusOr<int64_t> PutPracticeCall(int64_t search_id, PracticeTool tool, const std::string& source,
+                                    const std::string& plan_json);
+  StatusOr<PracticeCallRow> GetPracticeCall(int64_t id);
+  // Leases up to `max` pending calls (oldest first) not under a live lease to
+  // `worker` until now + lease_s; `profile` calls only when reads_counters;
+  // never those of a finished, cancelled or failed search. A call that has had
+  // kMaxPracticeAttempts leases fails instead (its error says so). One
+  // transaction, so no call is ever held by two workers.
+  StatusOr<std::vector<LeasedPracticeCallRow>> LeasePracticeCalls(const std::string& worker, int max, double lease_s,
+                                                                  double now, bool reads_counters);
+  // Stores a leased call's result (or, when `error` is set, its failure) and
+  // ends the lease. FailedPrecondition when the lease is not live (expired,
+  // released, another worker's, or already reported): nothing is stored.
+  Status CompletePracticeCall(int64_t id, const std::string& lease_id, const std::string& result_json,
+                              const std::string& error, double now);
+  // The waiting side gave up (its deadline, the search stopping): a pending
+  // call is abandoned and no worker takes it any more.
+  Status AbandonPracticeCall(int64_t id);
 
   // Which bank kernels the prompt of (search, slot) showed.
   Status RecordBankShown(int64_t search_id, const std::string& slot_key, const std::vector<int64_t>& bank_candidates);

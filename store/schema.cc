@@ -200,6 +200,33 @@ CREATE TABLE attempts (
 );
 CREATE INDEX attempts_by_idea ON attempts (search_id, idea_id);
 )sql",
+      // 8: an agent's practice calls through GPU workers (issue 32): each
+      // compile/test/profile call of an agent that the server runs is leased
+      // to a `kernelsearch gpu-worker` like a candidate, on a short lease
+      // (`lease_s`, renewed by the worker), so that a worker killed mid-call
+      // loses nothing: its lease expires and another worker takes the call.
+      // state: pending (waiting or leased), done (result_json), failed
+      // (error), abandoned (the server's agent stopped waiting).
+      R"sql(
+CREATE TABLE practice_calls (
+  id INTEGER PRIMARY KEY,
+  search_id INTEGER NOT NULL REFERENCES searches(id),
+  tool TEXT NOT NULL CHECK (tool IN ('compile', 'test', 'profile')),
+  source TEXT NOT NULL,
+  plan_json TEXT NOT NULL,
+  state TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done', 'failed', 'abandoned')),
+  result_json TEXT NOT NULL DEFAULT '',
+  error TEXT NOT NULL DEFAULT '',
+  lease_id TEXT UNIQUE,
+  worker TEXT NOT NULL DEFAULT '',
+  lease_s REAL NOT NULL DEFAULT 0,
+  expires_at REAL NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE INDEX practice_calls_pending ON practice_calls(state) WHERE state = 'pending';
+CREATE INDEX practice_calls_by_search ON practice_calls(search_id, tool);
+)sql",
   };
   return kSteps;
 }
