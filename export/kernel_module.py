@@ -456,6 +456,9 @@ def _tensor_arg(value, spec, device):
 _INPUT_NAMES = tuple(spec["name"] for spec in SIGNATURE["inputs"])
 _STATE_PATHS = tuple(tuple(spec["name"].split(".")) for spec in SIGNATURE["parameters"])
 _SCALAR_TYPES = {"float32": "float", "float64": "float", "float16": "float", "bfloat16": "float", "bool": "bool"}
+# Per input: None for a tensor, else the schema type of the scalar ("float", "int", "bool").
+_SCALAR_KINDS = tuple(None if spec["kind"] != "scalar" else _SCALAR_TYPES.get(spec["dtype"], "int")
+                      for spec in SIGNATURE["inputs"])
 _CACHE_LIMIT = 256
 
 
@@ -663,11 +666,10 @@ def _op_schema():
     return "(%s) -> %s" % (", ".join(args), returns)
 
 
-def _op_scalar(spec, value):
-    """A scalar input as the operator's schema takes it."""
+def _op_scalar(kind, value):
+    """A scalar input as the operator's schema takes it (`kind`: _SCALAR_KINDS)."""
     if isinstance(value, torch.Tensor):
         value = value.item()
-    kind = _SCALAR_TYPES.get(spec["dtype"], "int")
     return float(value) if kind == "float" else bool(value) if kind == "bool" else int(value)
 
 
@@ -805,9 +807,9 @@ class ModelNew(_problem.Model):
         state = [_member(self, path) for path in _STATE_PATHS]
         if OP is None:
             return self._eager_call(inputs, state)
-        op_inputs = [_op_scalar(spec, v) if spec["kind"] == "scalar" else v
-                     for spec, v in zip(SIGNATURE["inputs"], inputs)]
-        return OP(self._ks_key, self.training, *op_inputs, *state)
+        if any(_SCALAR_KINDS):
+            inputs = [v if kind is None else _op_scalar(kind, v) for kind, v in zip(_SCALAR_KINDS, inputs)]
+        return OP(self._ks_key, self.training, *inputs, *state)
 
     def _eager_call(self, inputs, state):
         """Without the operator (OP_NOTE): the kernel as a plain call, no autograd."""
