@@ -1,3 +1,4 @@
+# Long on purpose: an export is this one file (and ks_launch_plan.py), with no runtime of kernelsearch to lean on.
 """kernelsearch export: candidate @@ID@@ of problem @@PROBLEM@@ (@@SPEEDUP@@).
 
     import sys; sys.path.insert(0, "<this folder>")
