@@ -22,7 +22,8 @@ distribution-shifted copies of it (ROBUSTNESS says what held); at other shapes
 it runs when its plan allows, unverified.
 
 A PyTorch operator (torch >= 2.4). The kernel is registered with
-torch.library.custom_op as OP_NAME (kernelsearch::candidate_<id>), taking the
+torch.library.custom_op as OP_NAME (kernelsearch::candidate_<id>_<hash of the
+kernel, plan and problem>), taking the
 forward's inputs and every state_dict tensor of the module as tensor arguments,
 so that torch.compile sees one operator, not Python it cannot trace: a model
 that uses ModelNew compiles with fullgraph=True. Its fake implementation gives
@@ -135,7 +136,7 @@ PRELUDE = "@@PRELUDE@@"
 EXPORT_CUDA_HOME = "@@CUDA_HOME@@"
 # The NVRTC target the evaluation compiled for ("sm_90a", or "sm_90" and older).
 TARGET = "@@TARGET@@"
-# The candidate's id in the store (the operator's name: kernelsearch::candidate_<id>).
+# The candidate's id in the store (in the operator's name: kernelsearch::candidate_<id>_<hash>).
 CANDIDATE_ID = "@@ID@@"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -647,7 +648,7 @@ def _model(key):
 
 # ---- the PyTorch custom operator (torch >= 2.4) ----
 #
-# kernelsearch::candidate_<id>(int ks_model, bool ks_training, <inputs>, <state tensors>) -> outputs.
+# kernelsearch::candidate_<id>_<hash>(int ks_model, bool ks_training, <inputs>, <state tensors>) -> outputs.
 # ks_model names the ModelNew (whose problem forward gives the fake shapes and
 # the backward), ks_training its mode; the rest are forward's inputs
 # (tensors, or int/float/bool scalars) and every state_dict tensor.
@@ -767,7 +768,15 @@ def _register_op():
                           "torch.compile breaks the graph around it" % torch.__version__)
     if not any(spec["kind"] != "scalar" for spec in SIGNATURE["inputs"] + SIGNATURE["parameters"]):
         return None, "", "the operator takes no tensor, so PyTorch cannot dispatch it: ModelNew calls the kernel eagerly"
-    base = "candidate_" + "".join(c if c.isalnum() else "_" for c in CANDIDATE_ID)
+    # The content in the name: torch.compile's on-disk caches key a compiled graph by the operators it
+    # calls, not by their backward formulas, so another kernel or problem must never share a name.
+    import hashlib
+    with open(os.path.join(_HERE, "problem.py"), "rb") as f:
+        content = f.read()
+    for text in (SOURCE, json.dumps(PLAN, sort_keys=True), json.dumps(SIGNATURE, sort_keys=True)):
+        content += b"\0" + text.encode("utf-8", "replace")
+    base = "candidate_%s_%s" % ("".join(c if c.isalnum() else "_" for c in CANDIDATE_ID),
+                                hashlib.sha256(content).hexdigest()[:12])
     name, n = base, 1
     while _op_exists(name):  # another import of an export in this process: never replace its operator
         n += 1
