@@ -23,10 +23,10 @@ it runs when its plan allows, unverified.
 
 A PyTorch operator (torch >= 2.4). The kernel is registered with
 torch.library.custom_op as OP_NAME (kernelsearch::candidate_<id>_<hash of the
-kernel, plan and problem>), taking the
-forward's inputs and every state_dict tensor of the module as tensor arguments,
-so that torch.compile sees one operator, not Python it cannot trace: a model
-that uses ModelNew compiles with fullgraph=True. Its fake implementation gives
+kernel, plan and problem>), taking the forward's inputs and every state_dict
+tensor of the module as tensor arguments, so that torch.compile sees one
+operator, not Python it cannot trace: a model that uses ModelNew compiles
+with fullgraph=True. Its fake implementation gives
 the outputs' shapes by running the problem's own forward on the fake tensors
 (at the signature's shapes, the signature's). On an older torch, OP is None,
 OP_NOTE says why, and ModelNew calls the kernel as a plain eager Python call:
@@ -57,7 +57,9 @@ problem's Model defines it, whatever the operator is, with less activation
 memory than eager; the price is one more PyTorch forward in every backward,
 so a training step gains only what the kernel saves in the forward (see
 benchmark()'s train_* figures). Under torch.compile the recomputation and its
-backward are traced into the compiled backward graph like any PyTorch code.
+backward are traced like any PyTorch code (the partitioner may run the
+recomputation beside the kernel in the forward graph and save what it
+computes, as it does for any forward).
 Gradients reach the inputs and the parameters (the Model's own) because both
 are arguments of the operator. Saving the Model's intermediates instead would
 need the Model's forward run in the forward beside the kernel, which is the
