@@ -189,18 +189,30 @@ Status GpuEvaluator::Setup() {
   // its last page. A kernel sees no other input set, so it cannot relate a
   // shifted set to the set it was made from, nor tell the sets apart by
   // their addresses.
+  // A resident reference's tensors are the pristine copy themselves (whole
+  // 4-byte words: the comparison's unit); others get room in pristine_.
   uint64_t off = kGuard;
+  auto place = [&](int set, TensorSlot slot) -> StatusOr<TensorSlot> {
+    if (ref_.resident && slot.bytes % 4 == 0 && slot.bytes > 0) {
+      KS_ASSIGN_OR_RETURN(slot.src, ResidentTensorPtr(set, slot.name, slot.bytes));
+      return slot;
+    }
+    slot.src = 0;
+    slot.offset = off;
+    off = AlignUp(off + slot.bytes);
+    return slot;
+  };
   set_inputs_.assign(sets, {});
   for (int s = 0; s < sets; ++s)
     for (const auto& t : sig.inputs)
       if (!t.is_scalar) {
-        set_inputs_[s].push_back({t.name, off, static_cast<uint64_t>(t.bytes())});
-        off = AlignUp(off + t.bytes());
+        KS_ASSIGN_OR_RETURN(TensorSlot slot, place(s, {t.name, 0, static_cast<uint64_t>(t.bytes())}));
+        set_inputs_[s].push_back(std::move(slot));
       }
   for (const auto& t : sig.parameters)
     if (!t.is_scalar) {
-      params_.push_back({t.name, off, static_cast<uint64_t>(t.bytes())});
-      off = AlignUp(off + t.bytes());
+      KS_ASSIGN_OR_RETURN(TensorSlot slot, place(0, {t.name, 0, static_cast<uint64_t>(t.bytes())}));
+      params_.push_back(std::move(slot));
     }
   // A shifted set whose transform changed parameters has its own copy of
   // those (ReferenceSet::own_parameters); every other set shares params_.
@@ -208,8 +220,7 @@ Status GpuEvaluator::Setup() {
   for (int s = 0; s < sets; ++s)
     for (auto& slot : set_params_[s])
       if (ref_.sets[s].OwnsParameter(slot.name)) {
-        slot.offset = off;
-        off = AlignUp(off + slot.bytes);
+        KS_ASSIGN_OR_RETURN(slot, place(s, slot));
       }
   inputs_end_ = off;
   // The arena: one set's inputs and the parameters, then the outputs.
@@ -217,11 +228,13 @@ Status GpuEvaluator::Setup() {
   work_inputs_ = set_inputs_[0];
   for (auto& slot : work_inputs_) {
     slot.offset = off;
+    slot.src = 0;
     off = AlignUp(off + slot.bytes);
   }
   work_params_ = params_;
   for (auto& slot : work_params_) {
     slot.offset = off;
+    slot.src = 0;
     off = AlignUp(off + slot.bytes);
   }
   work_end_ = off;
@@ -256,11 +269,12 @@ Status GpuEvaluator::Setup() {
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(pristine_.get(), 0, inputs_end_), "cuMemsetD8"));
   for (int s = 0; s < sets; ++s)
     for (const auto& slot : set_inputs_[s])
-      KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
-  for (const auto& slot : params_) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, pristine_.get() + slot.offset, slot.bytes));
+      if (!slot.src) KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
+  for (const auto& slot : params_)
+    if (!slot.src) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, pristine_.get() + slot.offset, slot.bytes));
   for (int s = 0; s < sets; ++s)
     for (const auto& slot : set_params_[s])
-      if (ref_.sets[s].OwnsParameter(slot.name))
+      if (ref_.sets[s].OwnsParameter(slot.name) && !slot.src)
         KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
   staged_set_ = -1;
   KS_RETURN_IF_ERROR(StageSet(0));
@@ -338,20 +352,34 @@ Status GpuEvaluator::StageSet(int set) {
   if (set < 0 || set >= static_cast<int>(set_inputs_.size())) return Internal("no input set " + std::to_string(set));
   if (set == staged_set_) return Status::Ok();
   for (size_t i = 0; i < work_inputs_.size(); ++i)
-    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(arena_.get() + work_inputs_[i].offset,
-                                                  pristine_.get() + set_inputs_[set][i].offset,
-                                                  AlignUp(work_inputs_[i].bytes)),
-                                 "staging an input set"));
+    KS_RETURN_IF_ERROR(RestoreSlot(work_inputs_[i], set_inputs_[set][i]).WithContext("staging an input set"));
   for (size_t i = 0; i < work_params_.size(); ++i)
-    if (staged_set_ < 0 || set_params_[staged_set_][i].offset != set_params_[set][i].offset)
-      KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(arena_.get() + work_params_[i].offset,
-                                                    pristine_.get() + set_params_[set][i].offset,
-                                                    AlignUp(work_params_[i].bytes)),
-                                   "staging parameters"));
+    if (staged_set_ < 0 || PristinePtr(set_params_[staged_set_][i]) != PristinePtr(set_params_[set][i]))
+      KS_RETURN_IF_ERROR(RestoreSlot(work_params_[i], set_params_[set][i]).WithContext("staging parameters"));
   // The worker's launches run in another process: the copies end first.
   KS_RETURN_IF_ERROR(d_->Check(d_->cuCtxSynchronize(), "staging an input set"));
   staged_set_ = set;
   return Status::Ok();
+}
+
+Status GpuEvaluator::RestoreSlot(const TensorSlot& work, const TensorSlot& pristine) {
+  const uint64_t padded = AlignUp(work.bytes);
+  if (!pristine.src)
+    return d_->Check(d_->cuMemcpyDtoD(arena_.get() + work.offset, pristine_.get() + pristine.offset, padded),
+                     "cuMemcpyDtoD");
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(arena_.get() + work.offset, pristine.src, work.bytes), "cuMemcpyDtoD"));
+  if (padded == work.bytes) return Status::Ok();
+  return d_->Check(d_->cuMemsetD8(arena_.get() + work.offset + work.bytes, 0, padded - work.bytes), "cuMemsetD8");
+}
+
+StatusOr<uint64_t> GpuEvaluator::DiffSlot(const TensorSlot& work, const TensorSlot& pristine) {
+  const uint64_t padded = AlignUp(work.bytes);
+  if (!pristine.src) return CountDiffWords(arena_.get() + work.offset, pristine_.get() + pristine.offset, padded);
+  KS_ASSIGN_OR_RETURN(uint64_t body, CountDiffWords(arena_.get() + work.offset, pristine.src, work.bytes));
+  if (padded == work.bytes) return body;
+  // The padding against zero (bytes, counted as words: a change shows either way).
+  KS_ASSIGN_OR_RETURN(uint64_t pad, CountNotFill(arena_.get() + work.offset + work.bytes, padded - work.bytes, 0));
+  return body + (pad + 3) / 4;
 }
 
 wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {

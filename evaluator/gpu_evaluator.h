@@ -225,6 +225,10 @@ class GpuEvaluator : public CandidateEvaluator {
     std::string name;
     uint64_t offset = 0;  // in the arena (and in the pristine copy)
     uint64_t bytes = 0;
+    // A resident reference's tensor (the bridge's, mapped; trusted memory the
+    // worker never maps) serves as the pristine copy itself: inputs are not
+    // held twice beside the bridge's. 0: the copy is pristine_ + offset.
+    CUdeviceptr src = 0;
   };
   struct OutputSlot {
     const TensorSpec* spec = nullptr;
@@ -338,6 +342,15 @@ class GpuEvaluator : public CandidateEvaluator {
   // Copies input set `set` (inputs, and parameters where the set has its
   // own) from the pristine copy into the arena, unless it is there already.
   Status StageSet(int set);
+  // Where a slot's pristine bytes are (TensorSlot::src, or in pristine_).
+  CUdeviceptr PristinePtr(const TensorSlot& pristine) const {
+    return pristine.src ? pristine.src : pristine_.get() + pristine.offset;
+  }
+  // The arena's working slot `work` from its pristine copy, padding included
+  // (zero, as in pristine_, where the pristine tensor is a resident one).
+  Status RestoreSlot(const TensorSlot& work, const TensorSlot& pristine);
+  // 4-byte words of `work`, padding included, that differ from its pristine copy.
+  StatusOr<uint64_t> DiffSlot(const TensorSlot& work, const TensorSlot& pristine);
   // The worker's load request for a resolved plan (plan/worker_protocol.h).
   wire::LoadRequest BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
   // The per-launch figures (evaluator/launch_profile.h) from a few split runs

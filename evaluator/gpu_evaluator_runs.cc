@@ -189,12 +189,9 @@ void GpuEvaluator::CheckEveryInputSet(RunResult& r) {
   if (staged_set_ < 0) return;
   uint64_t changed = 0;
   auto compare = [&](const TensorSlot& work, const TensorSlot& pristine) {
-    auto diff = CountDiffWords(arena_.get() + work.offset, pristine_.get() + pristine.offset, AlignUp(work.bytes));
+    auto diff = DiffSlot(work, pristine);
     if (!diff.ok()) return diff.status();
-    if (*diff)
-      KS_RETURN_IF_ERROR(d_->Check(
-          d_->cuMemcpyDtoD(arena_.get() + work.offset, pristine_.get() + pristine.offset, AlignUp(work.bytes)),
-          "restoring an input"));
+    if (*diff) KS_RETURN_IF_ERROR(RestoreSlot(work, pristine).WithContext("restoring an input"));
     changed += *diff;
     return Status::Ok();
   };
@@ -306,10 +303,10 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
   // the cause, and which symptom shows depends on how the candidate's blocks race.
   bool input_named = false;
   for (auto [s, pristine] : slots) {
-    auto diff = CountDiffWords(arena_.get() + s->offset, pristine_.get() + pristine->offset, AlignUp(s->bytes));
+    auto diff = DiffSlot(*s, *pristine);
     if (!diff.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
     if (*diff) {
-      d_->cuMemcpyDtoD(arena_.get() + s->offset, pristine_.get() + pristine->offset, AlignUp(s->bytes));
+      (void)RestoreSlot(*s, *pristine);
       std::string msg = "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
                         " 4-byte words changed, input set " + std::to_string(set) + ")";
       if (!input_named && (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)) {

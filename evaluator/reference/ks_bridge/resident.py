@@ -24,16 +24,17 @@ def _spec_bytes(specs):
 def fit_resident(sig, asked, budget, shifted=0):
     """How many input sets a resident reference may have on `budget` bytes of
     GPU memory (0 = no limit): the bridge keeps each set's inputs and outputs
-    and the parameters twice (the model's and the pre-forward copy); the
-    evaluator's pristine copy takes each set's inputs once more, its arena
-    one set's inputs and one output (it stages one set at a time); one more
-    output is margin for what forward allocates.
+    and the parameters twice (the model's and the pre-forward copy), and
+    these are the evaluator's pristine copy too (it maps them); its arena
+    holds one set's inputs and one output (it stages one set at a time) and
+    the parameters twice more; one more output is margin for what forward
+    allocates.
     Returns (sets, why) with why naming the limit when sets < asked."""
     inp, out, par = _spec_bytes(sig["inputs"]), _spec_bytes(sig["outputs"]), _spec_bytes(sig["parameters"])
     # A distribution-shifted set (the last `shifted` of `asked`) may have its
     # own float32 parameters (transforms.py): kept here, in the arena and its pristine copy.
     own = _spec_bytes([p for p in sig["parameters"] if p.get("dtype") in ("float32", "float64")])
-    per_set = 2 * inp + out
+    per_set = inp + out
     judging = asked - shifted
 
     def need(k):
@@ -48,8 +49,7 @@ def fit_resident(sig, asked, budget, shifted=0):
     why = ""
     if sets < asked:
         k = sets + 1
-        why = ("%d set(s) need %s of GPU memory (%s per set: the reference's inputs and outputs, the pristine copy "
-               "of the inputs), but %s is free" % (k, _human(need(k)), _human(per_set),
+        why = ("%d set(s) need %s of GPU memory (%s per set: the reference's inputs and outputs), but %s is free" % (k, _human(need(k)), _human(per_set),
                                                                    _human(budget)))
     return sets, why
 
