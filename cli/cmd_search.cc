@@ -80,6 +80,9 @@ bool StderrIsTerminal() {
 }
 const char* Rewrite() { return StderrIsTerminal() ? "\r\033[K" : ""; }
 
+// "round 3"; events before a search's first round have none to name.
+std::string RoundLabel(int round) { return round >= 0 ? fmt::format("round {}", round) : "before round 0"; }
+
 // Live progress: one rewritten line on stderr for people, JSON lines on stdout
 // for scripts.
 class Progress {
@@ -106,8 +109,8 @@ class Progress {
     if (e.type == SearchEvent::Type::kNote && !json_) std::fprintf(stderr, "\r\033[Knote: %s\n", e.text.c_str());
     if (quiet_ || json_) return;
     std::string best = e.best_speedup ? fmt::format("{:.2f}x", *e.best_speedup) : "-";
-    std::string line = fmt::format("round {} | evaluated {} ({} failed) | best {} | {} calls, ${:.2f}",
-                                   e.round, e.evaluated, e.failed, best, e.llm_calls, e.cost_usd);
+    std::string line = fmt::format("{} | evaluated {} ({} failed) | best {} | {} calls, ${:.2f}",
+                                   RoundLabel(e.round), e.evaluated, e.failed, best, e.llm_calls, e.cost_usd);
     if (e.type == SearchEvent::Type::kRoundStarted || e.type == SearchEvent::Type::kNewBest ||
         e.type == SearchEvent::Type::kFinished) {
       std::string what = e.type == SearchEvent::Type::kRoundStarted ? "round " + std::to_string(e.round) + " started"
@@ -250,6 +253,23 @@ int PrintOutcome(const SearchOutcome& out, bool json) {
   return kExitOk;
 }
 
+// The outcome of a search as the store holds it, for a resume that runs nothing.
+StatusOr<SearchOutcome> StoredOutcome(store::LineageStore* store, const store::SearchRow& search) {
+  SearchOutcome out;
+  out.search_id = search.id;
+  out.status = search.status;
+  out.stop_reason = search.stop_reason;
+  out.total_elapsed_s = search.elapsed_s;
+  KS_ASSIGN_OR_RETURN(auto best, store->BestCorrect(search.id));
+  if (best) {
+    out.best_candidate = best->id;
+    if (best->evaluation) out.best_speedup = best->evaluation->speedup_eager;
+  }
+  KS_ASSIGN_OR_RETURN(auto pending, store->PendingCandidates(search.id));
+  out.pending = static_cast<int64_t>(pending.size());
+  return out;
+}
+
 int RunSearch(SearchFlags& f, CLI::App* sub) {
   auto store = store::LineageStore::Open(DbPath(f.db));
   if (!store.ok()) return ReportError(store.status());
@@ -258,6 +278,21 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   so.llm = BaseLlmConfig(f.llm);
   so.on_phase = PhasePrinter(f.quiet, f.json);
   const bool fake = f.evaluator == "fake" || f.evaluator.rfind("fake:", 0) == 0;
+  // A finished search resumed without --rounds has nothing to do: say so, and
+  // how to add rounds, before anything is prepared.
+  if (f.resume && !sub->count("--rounds")) {
+    auto search = (*store)->GetSearch(f.resume);
+    if (!search.ok()) return ReportError(search.status());
+    if (search->status == store::SearchStatus::kFinished) {
+      auto config = SearchConfigFromJson(nlohmann::json::parse(search->config_json, nullptr, false));
+      if (!config.ok()) return ReportError(config.status().WithContext("search " + std::to_string(f.resume)));
+      std::fprintf(stderr, "kernelsearch: %s\n",
+                   FinishedSearchNote(*search, *config, "kernelsearch search --resume {id} --rounds {rounds}").c_str());
+      auto out = StoredOutcome(store->get(), *search);
+      if (!out.ok()) return ReportError(out.status());
+      return PrintOutcome(*out, f.json);
+    }
+  }
   // Without a GPU a continuous search cannot evaluate: say so before anything
   // is written (the model side of a split search needs none).
   if (!f.generate_only && !fake) {
@@ -270,8 +305,15 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   }
   std::unique_ptr<SearchSetup> setup;
   if (f.resume) {
+    // --rounds on a resume is the search's new total (a finished search goes
+    // on from its beam); the rest of the tree's shape stays as stored.
+    if (sub->count("--rounds")) {
+      auto change = SetSearchRounds(store->get(), f.resume, f.rounds);
+      if (!change.ok()) return ReportError(change.status());
+      std::fprintf(stderr, "kernelsearch: %s\n", change->Describe(f.resume).c_str());
+    }
     // A different model may be named for the rest of a resumed search (a key
-    // changed, a server moved, a model failed); the tree's shape stays as stored.
+    // changed, a server moved, a model failed).
     auto opened = SearchSetup::Open(store->get(), f.resume, so, sub->count("--model") ? f.llm.config.spec : "");
     if (!opened.ok()) return ReportError(opened.status());
     setup = std::move(*opened);
@@ -348,8 +390,8 @@ class SuiteProgress {
         if (json_ || quiet_ || !e.search || !StderrIsTerminal()) return;
         const SearchEvent& s = *e.search;
         std::string best = s.best_speedup ? fmt::format("{:.2f}x", *s.best_speedup) : "-";
-        std::fprintf(stderr, "\r\033[K[%d/%d] %s: round %d | evaluated %lld (%lld failed) | best %s | %lld calls",
-                     e.index + 1, e.count, e.problem.c_str(), s.round, static_cast<long long>(s.evaluated),
+        std::fprintf(stderr, "\r\033[K[%d/%d] %s: %s | evaluated %lld (%lld failed) | best %s | %lld calls",
+                     e.index + 1, e.count, e.problem.c_str(), RoundLabel(s.round).c_str(), static_cast<long long>(s.evaluated),
                      static_cast<long long>(s.failed), best.c_str(), static_cast<long long>(s.llm_calls));
         std::fflush(stderr);
         return;
@@ -523,7 +565,9 @@ int RunEvaluatePending(const EvaluatePendingFlags& f) {
 // models, store, evaluator.
 void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--config", f->config_file, "JSON config file (keys as in search_config.h); flags override it");
-  sub->add_option("--rounds", f->rounds, "improvement rounds after round 0 (default 3)");
+  sub->add_option("--rounds", f->rounds,
+                  "improvement rounds after round 0 (default 3); with `search --resume`, the search's new total: "
+                  "a finished search of 3 rounds given --rounds 5 runs rounds 4 and 5");
   sub->add_option("--ideas", f->ideas, "ideas per beam kernel per round (default 4)");
   sub->add_option("--branches", f->branches, "implementations per idea (default 2)");
   sub->add_option("--beam", f->beam, "kernels carried into the next round (default 2)");
@@ -572,7 +616,9 @@ void RegisterSearchCommands(CLI::App& app) {
   sub->add_option("problem", f->problem, "the problem .py (KernelBench format); many problems: `kernelsearch suite`");
   sub->add_option("--seed-kernel", f->seed_kernel, "a first kernel (.cu with .json plan beside it, or .md)");
   sub->add_option("--seed-plan", f->seed_plan, "the seed kernel's plan, when not beside it");
-  sub->add_option("--resume", f->resume, "continue search ID from the store");
+  sub->add_option("--resume", f->resume,
+                  "continue search ID from the store with its stored shape; a finished search goes on only "
+                  "with --rounds N, its new total of rounds");
   sub->add_flag("--generate-only", f->generate_only,
                 "run the model side of the next step, leave candidates pending (for GPU nodes without internet)");
   sub->add_flag("--json", f->json, "events and the outcome as JSON lines on stdout");

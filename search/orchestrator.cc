@@ -3,6 +3,7 @@
 #include "search/search_run.h"
 
 #include "evaluator/judge/judge.h"
+#include "search/search_setup.h"  // kStopRounds
 
 // The round loop (search_run.h lists the other files).
 namespace ks {
@@ -24,12 +25,12 @@ const char* SearchEventTypeName(SearchEvent::Type t) {
 nlohmann::json SearchEventToJson(const SearchEvent& e) {
   nlohmann::json j = {{"event", SearchEventTypeName(e.type)},
                       {"search", e.search_id},
-                      {"round", e.round},
                       {"evaluated", e.evaluated},
                       {"failed", e.failed},
                       {"llm_calls", e.llm_calls},
                       {"tokens", e.tokens},
                       {"cost_usd", e.cost_usd}};
+  if (e.round >= 0) j["round"] = e.round;  // none before a search's first round
   if (e.idea_id) j["idea"] = e.idea_id;
   if (e.candidate_id) j["candidate"] = e.candidate_id;
   if (!e.text.empty()) j["text"] = e.text;
@@ -46,11 +47,14 @@ nlohmann::json SearchEventToJson(const SearchEvent& e) {
 Status Orchestrator::SearchRun::Load() {
   KS_ASSIGN_OR_RETURN(search_, store_->GetSearch(search_id_));
   prior_elapsed_s_ = search_.elapsed_s;
-  if (search_.status == SearchStatus::kFailed) {
+  KS_ASSIGN_OR_RETURN(std::optional<RoundRow> last, store_->LastRound(search_id_));
+  // Events before this run starts a round (a search that has nothing left to
+  // do finishes at once) name the last round it has, never none.
+  if (last) round_ = last->round;
+  if (search_.status == SearchStatus::kFailed && last) {
     // Resumed after a failure (another --model, the server back): the round it
     // failed on is not judged again; a new round starts.
-    KS_ASSIGN_OR_RETURN(std::optional<RoundRow> last, store_->LastRound(search_id_));
-    if (last) judged_round_ = last->round;
+    judged_round_ = last->round;
   }
   KS_ASSIGN_OR_RETURN(store::ProblemRow problem, store_->GetProblem(search_.problem_id));
   nlohmann::json cj = nlohmann::json::parse(search_.config_json, nullptr, false);
@@ -170,7 +174,7 @@ Status Orchestrator::SearchRun::Loop(Mode mode) {
         for (const auto& why : failures) failed_rounds += why.empty() ? 0 : 1;
       }
       int next = last ? last->round + 1 : 0;
-      if (next - failed_rounds > config_.rounds) return Done("rounds");
+      if (next - failed_rounds > config_.rounds) return Done(kStopRounds);
       if (config_.target_speedup > 0 && BestSpeedup() && *BestSpeedup() >= config_.target_speedup)
         return Done(fmt::format("target speedup {:.2f}x reached", config_.target_speedup));
       KS_ASSIGN_OR_RETURN(std::vector<int64_t> beam, SelectBeam());

@@ -45,6 +45,9 @@ namespace ks {
 // The stop reason of a search whose reference cannot judge kernels starts with
 // this; such a search is not resumed (the problem must change first).
 inline constexpr const char* kReferenceRefusal = "the reference cannot judge kernels: ";
+// The stop reason of a search that ran all its rounds (the orchestrator's);
+// such a search, and only such a one, goes on when given more rounds.
+inline constexpr const char* kStopRounds = "rounds";
 
 struct SetupOptions {
   EvaluatorOptions evaluator;  // the GPU side: spec ("" = gpu, fake[:FILE]), python, gpus
@@ -134,6 +137,36 @@ class SearchSetup {
   std::optional<GpuFacts> measured_gpu_;
   std::vector<std::string> notes_;
 };
+
+// A stored search given a new total of rounds before it is resumed
+// (`search --resume ID --rounds N`, the server's ContinueSearch). The total
+// counts as --rounds does when a search is created: improvement rounds after
+// round 0, so a finished search of 3 rounds given 5 runs rounds 4 and 5.
+struct RoundsChange {
+  int before = 0;          // the total it had
+  int after = 0;           // the total it has now
+  bool reopened = false;   // it had finished and is pending again
+  // One line for the user: "search 7 ran its 3 rounds; running rounds 4 to 5 (5 in all)".
+  std::string Describe(int64_t search_id) const;
+};
+
+// The one rule for giving a stored search a new total of rounds, for the CLI
+// and the server alike. A search that finished on its rounds must be given
+// more than it ran (InvalidArgument otherwise); its config's total is raised
+// and it is pending again, so that its next run goes on from its beam like
+// any next round: the rounds it ran are complete and no model call is made
+// twice. One that finished on a budget or its target is FailedPrecondition
+// (more rounds would stop at once, for the same reason); one that failed
+// because its reference cannot judge kernels too. An unfinished one (pending,
+// running, cancelled, failed) keeps its state with the new total.
+StatusOr<RoundsChange> SetSearchRounds(store::LineageStore* store, int64_t search_id, int rounds);
+
+// What to tell a user who resumes a finished search without giving rounds:
+// that it is finished, why, and how to add rounds ("" for a search that is
+// not finished). `command` is how the user resumes with a total, with {id}
+// and {rounds} in it ("kernelsearch search --resume {id} --rounds {rounds}").
+std::string FinishedSearchNote(const store::SearchRow& search, const SearchConfig& config,
+                               const std::string& command);
 
 // The facts the prompts of a new search state about the GPU `name` names: the
 // latest measured ones in `store`, else the datasheet's (marked so), else

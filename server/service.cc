@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "evaluator/counters.h"
 #include "search/report.h"
+#include "search/search_setup.h"
 #include "server/convert.h"
 #include "server/status_convert.h"
 #include "server/temp_dir.h"
@@ -242,6 +243,39 @@ grpc::Status KernelSearchService::CancelSearch(grpc::ServerContext* ctx, const p
   return Handle("CancelSearch", ctx->client_metadata(), [&]() -> Status {
     KS_ASSIGN_OR_RETURN(int64_t id, ParseId("search_id", req->search_id()));
     KS_RETURN_IF_ERROR(deps_.jobs->Cancel(id));
+    KS_ASSIGN_OR_RETURN(store::SearchSummary s, deps_.store->Summarize(id));
+    FillSearchInfo(s, resp);
+    return Status::Ok();
+  });
+}
+
+grpc::Status KernelSearchService::ContinueSearch(grpc::ServerContext* ctx, const pb::ContinueSearchRequest* req,
+                                                 pb::SearchInfo* resp) {
+  return Handle("ContinueSearch", ctx->client_metadata(), [&]() -> Status {
+    KS_ASSIGN_OR_RETURN(int64_t id, ParseId("search_id", req->search_id()));
+    if (req->rounds() <= 0)
+      return InvalidArgument("rounds = " + std::to_string(req->rounds()) +
+                             ": give the search's new total of rounds (after round 0), more than it ran");
+    std::lock_guard<std::mutex> lock(continue_mu_);
+    KS_ASSIGN_OR_RETURN(store::SearchRow search, deps_.store->GetSearch(id));
+    if (search.status != store::SearchStatus::kFinished)
+      return FailedPrecondition("search " + req->search_id() + " is " + store::SearchStatusName(search.status) +
+                                ": only a finished search is continued with more rounds");
+    auto stored = SearchConfigFromJson(nlohmann::json::parse(search.config_json, nullptr, false));
+    if (!stored.ok()) return stored.status().WithContext("search " + req->search_id() + " config");
+    // Bounded like a new search's shape: the stored one with the new total.
+    pb::SearchConfig shape = FromSearchConfig(*stored);
+    shape.set_rounds(req->rounds());
+    KS_RETURN_IF_ERROR(ValidateSearchConfig(shape, deps_.limits.config).status());
+    if (!deps_.queue_search) return FailedPrecondition("this server cannot continue searches");
+    KS_ASSIGN_OR_RETURN(RoundsChange change, SetSearchRounds(deps_.store, id, req->rounds()));
+    if (Status queued = deps_.queue_search(id); !queued.ok()) {
+      // Not queued: finished as before, so that nothing runs it behind the caller's back.
+      stored->rounds = change.before;
+      KS_RETURN_IF_ERROR(deps_.store->SetSearchConfig(id, SearchConfigToJson(*stored).dump()));
+      KS_RETURN_IF_ERROR(deps_.store->SetSearchStatus(id, search.status, search.stop_reason));
+      return queued;
+    }
     KS_ASSIGN_OR_RETURN(store::SearchSummary s, deps_.store->Summarize(id));
     FillSearchInfo(s, resp);
     return Status::Ok();

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "evaluator/evaluator_api.h"
@@ -42,6 +43,12 @@ struct ServiceDeps {
   // client's validated config overrides the shape and the budgets.
   SearchConfig search_base;
   int max_concurrent_evaluations = 1;  // EvaluateKernel calls at once; more: RESOURCE_EXHAUSTED
+  // Queues a stored search that is pending again because ContinueSearch gave
+  // it more rounds, to run like a search resumed when the server starts: the
+  // job manager's resume path. ResourceExhausted when the queue is full,
+  // FailedPrecondition when it is queued or running already. Null: this
+  // server cannot continue searches (ContinueSearch is FAILED_PRECONDITION).
+  std::function<Status(int64_t search_id)> queue_search;
 };
 
 class KernelSearchService final
@@ -58,6 +65,8 @@ class KernelSearchService final
       ::grpc::CallbackServerContext* ctx, const ::kernelsearch::v1::WatchSearchRequest* req) override;
   ::grpc::Status CancelSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::CancelSearchRequest* req,
                               ::kernelsearch::v1::SearchInfo* resp) override;
+  ::grpc::Status ContinueSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ContinueSearchRequest* req,
+                                ::kernelsearch::v1::SearchInfo* resp) override;
   ::grpc::Status GetReport(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetReportRequest* req,
                            ::kernelsearch::v1::GetReportResponse* resp) override;
   ::grpc::Status GetSearch(::grpc::ServerContext* ctx, const ::kernelsearch::v1::GetSearchRequest* req,
@@ -91,6 +100,9 @@ class KernelSearchService final
 
   ServiceDeps deps_;
   std::atomic<int> evaluations_in_flight_{0};
+  // One ContinueSearch at a time: a search is reopened and queued once, not
+  // by two calls that both saw it finished.
+  std::mutex continue_mu_;
 };
 
 }  // namespace ks::server

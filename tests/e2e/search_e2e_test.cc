@@ -10,11 +10,14 @@
 //    evaluation that was finished (stored) when the process died;
 //  - alternating `search --generate-only` and `evaluate-pending` gives the
 //    lineage of an uninterrupted run;
-//  - device facts an evaluator reports reach the search's config and prompts.
+//  - device facts an evaluator reports reach the search's config and prompts;
+//  - a finished search resumed with more --rounds goes on to the lineage of a
+//    search created with that many rounds; resumed without, it says so.
 #include <unistd.h>
 
 #include <cstdio>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -261,6 +264,89 @@ TEST_F(SearchE2eTest, KillNineMidRoundThenResumeRepeatsNothingFinished) {
               "%zu evaluations in all\n",
               ref_evals.size(), ref_calls->size(), kills[0].second, kills[1].second, kills[0].first.size(),
               kills[1].first.size(), evals.size());
+}
+
+// Issue 32: `search --resume ID --rounds N` on a finished search of R rounds
+// runs rounds R+1..N from its beam, to the lineage of a search created with
+// N rounds, repeating no model call and no evaluation; without --rounds, or
+// with too few, it says what it is and how to add rounds, and runs nothing.
+TEST_F(SearchE2eTest, AFinishedSearchResumedWithMoreRoundsGoesOnLikeALongerOne) {
+  const std::string ref_db = Path("ref.db"), ref_log = Path("ref.log");
+  std::vector<std::string> ref_args = NewSearchArgs(ref_db, 3, 2);
+  ref_args.insert(ref_args.end(), {"--evaluator", EvaluatorSpec("ref_eval.json", ref_log, 0)});
+  nlohmann::json ref_out = RunToOutcome(ref_args);
+  ASSERT_EQ(ref_out.value("stop_reason", ""), "rounds") << ref_out.dump();
+  const int64_t ref_id = ref_out.value("search", int64_t{0});
+
+  const std::string db = Path("short.db"), log = Path("short.log");
+  const std::string spec = EvaluatorSpec("eval.json", log, 0);
+  std::vector<std::string> first = NewSearchArgs(db, 1, 2);
+  first.insert(first.end(), {"--evaluator", spec});
+  nlohmann::json out = RunToOutcome(first);
+  ASSERT_EQ(out.value("stop_reason", ""), "rounds") << out.dump();
+  const size_t evaluated = ReadLines(log).size();
+  auto calls_now = [&] {
+    auto store = LineageStore::Open(db);
+    EXPECT_TRUE(store.ok());
+    return store.ok() ? (*store)->ListLlmCalls(1, false)->size() : size_t{0};
+  };
+  const size_t calls = calls_now();
+
+  // Resumed as it is: finished, with the way to add rounds; nothing runs.
+  std::vector<std::string> resume = ResumeArgs(db, 1);
+  resume.insert(resume.end(), {"--evaluator", spec});
+  SubprocessResult plain = Run(resume);
+  EXPECT_TRUE(plain.Succeeded()) << plain.Describe() << "\nstderr: " << plain.err;
+  EXPECT_NE(plain.err.find("search 1 is finished: it ran its 1 rounds; nothing to resume. To add rounds, give the new "
+                           "total: `kernelsearch search --resume 1 --rounds 2` runs round 2"),
+            std::string::npos)
+      << plain.err;
+  EXPECT_NE(plain.out.find("search 1: finished (rounds)"), std::string::npos) << plain.out;
+  // Too few rounds: refused, saying what the number means.
+  std::vector<std::string> same = resume;
+  same.insert(same.end(), {"--rounds", "1"});
+  SubprocessResult refused = Run(same);
+  EXPECT_EQ(refused.exit_code, 2) << refused.Describe() << "\nstderr: " << refused.err;
+  EXPECT_NE(refused.err.find("ran its 1 rounds already; the rounds given are the new total"), std::string::npos)
+      << refused.err;
+  EXPECT_EQ(ReadLines(log).size(), evaluated);
+  EXPECT_EQ(calls_now(), calls);
+
+  // Two more rounds, with the live progress a user sees (no --quiet).
+  std::vector<std::string> more = resume;
+  more.erase(std::find(more.begin(), more.end(), "--quiet"));
+  more.insert(more.end(), {"--rounds", "3"});
+  SubprocessResult grown = Run(more);
+  ASSERT_TRUE(grown.Succeeded()) << grown.Describe() << "\nstderr: " << grown.err;
+  EXPECT_NE(grown.err.find("search 1 ran its 1 rounds; running rounds 2 to 3 (3 in all)"), std::string::npos)
+      << grown.err;
+  EXPECT_NE(grown.err.find("round 2 started"), std::string::npos) << grown.err;
+  EXPECT_NE(grown.err.find("round 3 started"), std::string::npos) << grown.err;
+  EXPECT_EQ(grown.err.find("round 1 started"), std::string::npos) << grown.err;
+  EXPECT_NE(grown.out.find("search 1: finished (rounds)"), std::string::npos) << grown.out;
+  for (const std::string* text : {&plain.err, &plain.out, &grown.err, &grown.out, &refused.err})
+    EXPECT_EQ(text->find("round -1"), std::string::npos) << *text;
+
+  EXPECT_EQ(CanonicalLineage(db, 1), CanonicalLineage(ref_db, ref_id));
+  auto store = LineageStore::Open(db);
+  auto ref_store = LineageStore::Open(ref_db);
+  ASSERT_TRUE(store.ok() && ref_store.ok());
+  EXPECT_EQ((*store)->GetSearch(1)->status, SearchStatus::kFinished);
+  auto llm_calls = (*store)->ListLlmCalls(1, false);
+  auto ref_calls = (*ref_store)->ListLlmCalls(ref_id, false);
+  ASSERT_TRUE(llm_calls.ok() && ref_calls.ok());
+  std::multiset<std::string> slots, ref_slots;
+  for (const auto& c : *llm_calls) slots.insert(c.record.role + " " + c.prompt_sha256);
+  for (const auto& c : *ref_calls) ref_slots.insert(c.record.role + " " + c.prompt_sha256);
+  EXPECT_EQ(slots, ref_slots);  // as many calls as one longer run: none repeated
+  const std::vector<std::string> evals = ReadLines(log), ref_evals = ReadLines(ref_log);
+  EXPECT_EQ(std::multiset<std::string>(evals.begin(), evals.end()),
+            std::multiset<std::string>(ref_evals.begin(), ref_evals.end()));
+
+  // Finished again, at its new total.
+  SubprocessResult after = Run(resume);
+  EXPECT_TRUE(after.Succeeded()) << after.Describe();
+  EXPECT_NE(after.err.find("it ran its 3 rounds; nothing to resume"), std::string::npos) << after.err;
 }
 
 TEST_F(SearchE2eTest, GenerateOnlyAndEvaluatePendingAlternatedMatchAContinuousRun) {

@@ -15,6 +15,7 @@
 
 #include "common/files.h"
 #include "search/report.h"
+#include "search/search_setup.h"
 #include "search/scripted_evaluator.h"
 #include "store/candidate_hash.h"
 
@@ -481,6 +482,116 @@ TEST_F(OrchestratorTest, ResumeAfterCancelMidRoundRepeatsNothingFinished) {
     EXPECT_EQ(total_calls, ref_llm.calls());
     EXPECT_EQ(evaluator.evaluated(), ref_eval.evaluated()) << cancel_at;
   }
+}
+
+// `search --resume ID --rounds N` on a finished search (issue 32): it goes on
+// from its beam, round after round, to the lineage a search created with N
+// rounds builds, and no model call is made twice.
+TEST_F(OrchestratorTest, AFinishedSearchGivenMoreRoundsGoesOnLikeALongerOne) {
+  auto ref_store = Store("ref.db");
+  FakeLlm ref_llm;
+  ScriptedEvaluator ref_eval({});
+  Orchestrator ref({ref_store.get(), &ref_llm, &ref_eval, &prompts_}, nullptr);
+  int64_t ref_id = NewSearch(ref_store.get(), Config(3, 2, 2, 2, 1));
+  ASSERT_TRUE(ref.Run(ref_id).ok());
+
+  auto store = Store("short.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({});
+  std::vector<SearchEvent> events;
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [&](const SearchEvent& e) { events.push_back(e); });
+  int64_t id = NewSearch(store.get(), Config(1, 2, 2, 2, 1));
+  auto first = orch.Run(id);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->stop_reason, kStopRounds);
+  const int first_calls = llm.calls();
+
+  // Run again as it is: nothing to do, and its end names its last round.
+  events.clear();
+  auto again = orch.Run(id);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->status, SearchStatus::kFinished);
+  EXPECT_EQ(llm.calls(), first_calls);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().type, SearchEvent::Type::kFinished);
+  EXPECT_EQ(events.back().round, 1);
+  EXPECT_EQ(SearchEventToJson(events.back())["round"], 1);
+
+  // The total may only grow past what it ran.
+  auto same = SetSearchRounds(store.get(), id, 1);
+  ASSERT_FALSE(same.ok());
+  EXPECT_EQ(same.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(same.status().message(), ::testing::HasSubstr("ran its 1 rounds already"));
+  EXPECT_EQ(store->GetSearch(id)->status, SearchStatus::kFinished);  // untouched
+
+  auto change = SetSearchRounds(store.get(), id, 3);
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  EXPECT_TRUE(change->reopened);
+  EXPECT_EQ(change->Describe(id), fmt::format("search {} ran its 1 rounds; running rounds 2 to 3 (3 in all)", id));
+  EXPECT_EQ(store->GetSearch(id)->status, SearchStatus::kPending);
+  events.clear();
+  auto more = orch.Run(id);
+  ASSERT_TRUE(more.ok()) << more.status().ToString();
+  EXPECT_EQ(more->status, SearchStatus::kFinished);
+  EXPECT_EQ(more->stop_reason, kStopRounds);
+  EXPECT_EQ(more->llm_calls_reused, 0);  // earlier rounds are complete: not even looked up
+  std::vector<int> started;
+  for (const auto& e : events) {
+    EXPECT_GE(e.round, 1) << SearchEventTypeName(e.type);
+    if (e.type == SearchEvent::Type::kRoundStarted) started.push_back(e.round);
+  }
+  EXPECT_EQ(started, (std::vector<int>{2, 3}));
+
+  EXPECT_EQ(CanonicalLineage(store.get(), id), CanonicalLineage(ref_store.get(), ref_id));
+  EXPECT_EQ(llm.calls(), ref_llm.calls());  // no model call twice
+  EXPECT_EQ(evaluator.evaluated(), ref_eval.evaluated());
+  auto calls = store->ListLlmCalls(id, false);
+  auto ref_calls = ref_store->ListLlmCalls(ref_id, false);
+  ASSERT_TRUE(calls.ok() && ref_calls.ok());
+  std::multiset<std::string> hashes, ref_hashes;
+  for (const auto& c : *calls) hashes.insert(c.record.role + " " + c.prompt_sha256);
+  for (const auto& c : *ref_calls) ref_hashes.insert(c.record.role + " " + c.prompt_sha256);
+  EXPECT_EQ(hashes, ref_hashes);
+}
+
+TEST_F(OrchestratorTest, RoundsOnlyContinueASearchThatRanOutOfRounds) {
+  auto store = Store("r.db");
+  FakeLlm llm;
+  ScriptedEvaluator evaluator({});
+  Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
+  SearchConfig c = Config(3, 2, 2, 2, 0);
+  c.budget_calls = 3;
+  int64_t spent = NewSearch(store.get(), c);
+  ASSERT_TRUE(orch.Run(spent).ok());
+  auto r = SetSearchRounds(store.get(), spent, 5);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("finished: budget: 3 model calls; more rounds would stop"));
+  auto row = store->GetSearch(spent);
+  SearchConfig stored = *SearchConfigFromJson(nlohmann::json::parse(row->config_json));
+  EXPECT_EQ(stored.rounds, 3);  // untouched
+  EXPECT_THAT(FinishedSearchNote(*row, stored, "resume {id} --rounds {rounds}"),
+              ::testing::HasSubstr("(budget: 3 model calls); nothing to resume"));
+
+  // A search that has not finished keeps its state with the new total.
+  int64_t pending = NewSearch(store.get(), Config(3, 2, 2, 2, 0));
+  auto lower = SetSearchRounds(store.get(), pending, 1);
+  ASSERT_TRUE(lower.ok()) << lower.status().ToString();
+  EXPECT_FALSE(lower->reopened);
+  EXPECT_EQ(lower->Describe(pending), fmt::format("search {}: 1 rounds in all (was 3)", pending));
+  EXPECT_EQ(store->GetSearch(pending)->status, SearchStatus::kPending);
+  EXPECT_FALSE(SetSearchRounds(store.get(), pending, -1).ok());
+  EXPECT_EQ(SetSearchRounds(store.get(), 999, 4).status().code(), Code::kNotFound);
+
+  // What a user who resumes a finished search without rounds is told.
+  ASSERT_TRUE(orch.Run(pending).ok());
+  row = store->GetSearch(pending);
+  ASSERT_EQ(row->status, SearchStatus::kFinished);
+  stored = *SearchConfigFromJson(nlohmann::json::parse(row->config_json));
+  EXPECT_EQ(FinishedSearchNote(*row, stored, "resume {id} --rounds {rounds}"),
+            fmt::format("search {} is finished: it ran its 1 rounds; nothing to resume. To add rounds, give the new "
+                        "total: `resume {} --rounds 2` runs round 2",
+                        pending, pending));
 }
 
 TEST_F(OrchestratorTest, GenerateOnlyAndEvaluatePendingMatchAContinuousRun) {
