@@ -149,31 +149,37 @@ std::string RoundsChange::Describe(int64_t search_id) const {
   return fmt::format("search {}: {} rounds in all (was {})", id, after, before);
 }
 
-StatusOr<RoundsChange> SetSearchRounds(store::LineageStore* store, int64_t search_id, int rounds) {
-  const std::string id = std::to_string(search_id);
-  KS_ASSIGN_OR_RETURN(store::SearchRow search, store->GetSearch(search_id));
+StatusOr<RoundsChange> PlanSearchRounds(const store::SearchRow& search, int rounds) {
+  const std::string id = std::to_string(search.id);
   if (search.status == store::SearchStatus::kFailed && search.stop_reason.rfind(kReferenceRefusal, 0) == 0)
     return FailedPrecondition("search " + id + " stopped on its GPU side: " +
                               search.stop_reason.substr(std::string(kReferenceRefusal).size()) +
                               "\n(change the problem and start a new search)");
   nlohmann::json cj = nlohmann::json::parse(search.config_json, nullptr, /*allow_exceptions=*/false);
-  auto parsed = SearchConfigFromJson(cj);
-  if (!parsed.ok()) return parsed.status().WithContext("search " + id + " config");
-  SearchConfig config = std::move(parsed).value();
-  RoundsChange change{.before = config.rounds, .after = rounds};
+  auto config = SearchConfigFromJson(cj);
+  if (!config.ok()) return config.status().WithContext("search " + id + " config");
+  RoundsChange change{.before = config->rounds, .after = rounds};
   if (search.status == store::SearchStatus::kFinished) {
     if (search.stop_reason != kStopRounds)
       return FailedPrecondition("search " + id + " finished: " + search.stop_reason +
                                 "; more rounds would stop at once for the same reason (budgets and the target "
                                 "hold across resumes): start a new search to go on");
-    if (rounds <= config.rounds)
+    if (rounds <= config->rounds)
       return InvalidArgument(fmt::format("search {} ran its {} rounds already; the rounds given are the new total "
                                          "(after round 0): give more than {} to add rounds ({} runs round {})",
-                                         id, config.rounds, config.rounds, config.rounds + 1, config.rounds + 1));
+                                         id, config->rounds, config->rounds, config->rounds + 1, config->rounds + 1));
     change.reopened = true;
   }
+  config->rounds = rounds;
+  KS_RETURN_IF_ERROR(config->Validate().WithContext("search " + id));
+  return change;
+}
+
+StatusOr<RoundsChange> SetSearchRounds(store::LineageStore* store, int64_t search_id, int rounds) {
+  KS_ASSIGN_OR_RETURN(store::SearchRow search, store->GetSearch(search_id));
+  KS_ASSIGN_OR_RETURN(RoundsChange change, PlanSearchRounds(search, rounds));
+  SearchConfig config = *SearchConfigFromJson(nlohmann::json::parse(search.config_json, nullptr, false));
   config.rounds = rounds;
-  KS_RETURN_IF_ERROR(config.Validate().WithContext("search " + id));
   KS_RETURN_IF_ERROR(store->SetSearchConfig(search_id, SearchConfigToJson(config).dump()));
   // Pending, not finished: a resume without rounds now goes on too, and a
   // server that restarts picks it up.

@@ -160,6 +160,9 @@ struct RoundsChange {
 // because its reference cannot judge kernels too. An unfinished one (pending,
 // running, cancelled, failed) keeps its state with the new total.
 StatusOr<RoundsChange> SetSearchRounds(store::LineageStore* store, int64_t search_id, int rounds);
+// The change SetSearchRounds would make to `search`, or why it refuses;
+// changes nothing (a caller checks before it commits to anything else).
+StatusOr<RoundsChange> PlanSearchRounds(const store::SearchRow& search, int rounds);
 
 // What to tell a user who resumes a finished search without giving rounds:
 // that it is finished, why, and how to add rounds ("" for a search that is

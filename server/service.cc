@@ -261,6 +261,7 @@ grpc::Status KernelSearchService::ContinueSearch(grpc::ServerContext* ctx, const
     if (search.status != store::SearchStatus::kFinished)
       return FailedPrecondition("search " + req->search_id() + " is " + store::SearchStatusName(search.status) +
                                 ": only a finished search is continued with more rounds");
+    KS_RETURN_IF_ERROR(PlanSearchRounds(search, req->rounds()).status());
     auto stored = SearchConfigFromJson(nlohmann::json::parse(search.config_json, nullptr, false));
     if (!stored.ok()) return stored.status().WithContext("search " + req->search_id() + " config");
     // Bounded like a new search's shape: the stored one with the new total.
