@@ -22,6 +22,7 @@ struct ServeFlags {
   std::string evaluator;
   std::string gpus;
   std::string python;
+  double practice_timeout_s = server::PracticeCallOptions().deadline_s;
   LlmFlags llm;
 };
 
@@ -51,6 +52,7 @@ int RunServe(ServeFlags& f) {
   ro.evaluator.python = f.python;
   ro.evaluator.gpus = f.gpus;
   ro.llm = f.llm.config;
+  ro.practice.deadline_s = f.practice_timeout_s;
   if (f.llm.temperature >= 0) ro.llm.temperature = f.llm.temperature;
   if (f.llm.max_tokens > 0) ro.llm.max_tokens = f.llm.max_tokens;
   f.server.limits.max_running_searches = std::max(1, f.server.limits.max_running_searches);
@@ -59,7 +61,9 @@ int RunServe(ServeFlags& f) {
   bridge.python = f.python;
   Status st = server::Serve(f.server, [&](store::LineageStore* store) -> StatusOr<server::ServerParts> {
     server::ServerParts parts;
-    parts.runner = std::make_unique<server::OrchestratorRunner>(store, &prompt_library, ro);
+    auto runner = std::make_unique<server::OrchestratorRunner>(store, &prompt_library, ro);
+    parts.practice_calls = runner->practice_calls();  // agents' tool calls for the GPU workers (issue 32)
+    parts.runner = std::move(runner);
     parts.load_signature = [bridge](const std::string& path) { return LoadProblemSignature(path, bridge); };
     EvaluatorOptions eo = ro.evaluator;
     // With GPU workers, this server has no GPU of its own: EvaluateKernel says so.
@@ -88,7 +92,8 @@ void RegisterServeCommand(CLI::App& app) {
   sub->add_option("--db", f->server.db_path, "Lineage store (default server.db beside the CLI's lineage.db; the server resumes its unfinished searches)");
   sub->add_option("--evaluator", f->evaluator,
                   "Evaluator: gpu (default), workers (candidates wait for `kernelsearch gpu-worker` processes, "
-                  "which lease them over this API), or fake[:CONFIG.json] for tests");
+                  "which lease them over this API; an agent search's tool calls too), or fake[:CONFIG.json] "
+                  "for tests");
   AddGpusOption(sub, &f->gpus);
   AddPythonOption(sub, &f->python);
   sub->add_option("--max-running", f->server.limits.max_running_searches, "Searches run at once")
@@ -104,6 +109,11 @@ void RegisterServeCommand(CLI::App& app) {
   sub->add_option("--threads", f->server.rpc_threads, "Threads serving unary calls")->capture_default_str();
   sub->add_option("--poll-interval", f->server.poll_interval_s, "Seconds between store reads for watchers")
       ->capture_default_str();
+  sub->add_option("--practice-timeout", f->practice_timeout_s,
+                  "With --evaluator workers: seconds an agent waits for a GPU worker to answer one compile, test "
+                  "or profile call before the call fails")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0));
   AddLlmOptions(sub, &f->llm, /*require_model=*/true);
   SetAction(sub, [f] { return RunServe(*f); });
 }

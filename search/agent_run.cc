@@ -42,9 +42,9 @@ class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
   StatusOr<Evaluation> Practice(const Candidate& candidate) override {
     CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
     if (!ev)
-      return FailedPrecondition("agent mode needs a practice evaluator (the GPU side); "
-                                "split searches (--generate-only) cannot run it");
-    std::lock_guard<std::mutex> lock(run_->practice_mu_);
+      return FailedPrecondition("agent mode needs a practice evaluator (the GPU side); split searches "
+                                "(--generate-only) cannot run it, `serve --evaluator workers` with gpu-workers can");
+    auto gpu = GpuLock();
     KS_ASSIGN_OR_RETURN(std::vector<Evaluation> out, ev->EvaluateBatch({candidate}));
     if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " results");
     return std::move(out.front());
@@ -53,14 +53,14 @@ class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
   StatusOr<Evaluation> CompileOnly(const Candidate& candidate) override {
     CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
     if (!ev) return FailedPrecondition("agent mode needs a practice evaluator (the GPU side)");
-    std::lock_guard<std::mutex> lock(run_->practice_mu_);  // the evaluator is one caller at a time
+    auto gpu = GpuLock();
     return ev->CompileOnly(candidate);
   }
 
   StatusOr<CounterReport> Profile(const Candidate& candidate) override {
     CandidateEvaluator* ev = run_->o_->deps_.practice_evaluator;
     if (!ev) return FailedPrecondition("agent mode needs a practice evaluator (the GPU side)");
-    std::lock_guard<std::mutex> lock(run_->practice_mu_);
+    auto gpu = GpuLock();
     std::vector<CounterReport> out = ev->ReadCounters({candidate});
     if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " reports");
     return std::move(out.front());
@@ -75,6 +75,16 @@ class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
   }
 
  private:
+  // The GPU's lock (SearchRun::practice_mu_) where the practice evaluator
+  // shares this process's GPU with the judging one (it is also one caller at
+  // a time). Without a judging evaluator here (GPU workers, issue 32), each
+  // call is leased to a worker of its own: agents' calls go in parallel.
+  std::unique_lock<std::mutex> GpuLock() {
+    std::unique_lock<std::mutex> lock(run_->practice_mu_, std::defer_lock);
+    if (run_->o_->deps_.evaluator) lock.lock();
+    return lock;
+  }
+
   SearchRun* const run_;
 };
 

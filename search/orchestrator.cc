@@ -113,11 +113,14 @@ StatusOr<SearchOutcome> Orchestrator::SearchRun::Run(Mode mode) {
     return FailedPrecondition("no evaluator: run with --generate-only, then evaluate-pending on a GPU node");
   KS_RETURN_IF_ERROR(Load());
   // An agent tests its drafts between model turns (search/agent.h): the model
-  // side of a split search, or a server whose GPU workers evaluate, cannot.
+  // side of a split search cannot; a server with GPU workers leases each tool
+  // call to one (server/practice_calls.h).
   if (config_.implement == "agent" && !o_->deps_.practice_evaluator)
     return FailedPrecondition("search " + std::to_string(search_id_) +
                               " implements with an agent, whose compile and test tools need the GPU side beside the "
-                              "model: run it where both are reachable (not --generate-only, not GPU workers)");
+                              "model: run it where both are reachable (not --generate-only), or submit it to "
+                              "`kernelsearch serve --evaluator workers`, whose `kernelsearch gpu-worker` processes "
+                              "serve its tool calls");
   KS_RETURN_IF_ERROR(store_->SetSearchStatus(search_id_, SearchStatus::kRunning, ""));
   pool_ = std::make_unique<TaskPool>(config_.llm_concurrency, &mu_, &cv_);
   Status st = Loop(mode);

@@ -59,6 +59,7 @@ KS_CLIENT_UNARY(LeaseCandidates, pb::LeaseCandidatesRequest, pb::LeaseCandidates
 KS_CLIENT_UNARY(RenewLeases, pb::RenewLeasesRequest, pb::RenewLeasesResponse)
 KS_CLIENT_UNARY(ReportEvaluation, pb::ReportEvaluationRequest, pb::ReportEvaluationResponse)
 KS_CLIENT_UNARY(ReportCounters, pb::ReportCountersRequest, pb::ReportCountersResponse)
+KS_CLIENT_UNARY(ReportPractice, pb::ReportPracticeRequest, pb::ReportPracticeResponse)
 #undef KS_CLIENT_UNARY
 
 Status Client::Watch(const std::string& search_id, const std::function<void(const pb::SearchEvent&)>& on_event,

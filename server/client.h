@@ -48,6 +48,7 @@ class Client {
   StatusOr<::kernelsearch::v1::ReportEvaluationResponse> ReportEvaluation(
       const ::kernelsearch::v1::ReportEvaluationRequest& r);
   StatusOr<::kernelsearch::v1::ReportCountersResponse> ReportCounters(const ::kernelsearch::v1::ReportCountersRequest& r);
+  StatusOr<::kernelsearch::v1::ReportPracticeResponse> ReportPractice(const ::kernelsearch::v1::ReportPracticeRequest& r);
 
   // Follows a search: calls `on_event` for each event (the snapshot first)
   // until the stream ends. OK when the server ended it (after `finished`);

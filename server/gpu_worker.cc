@@ -11,6 +11,7 @@
 
 #include "evaluator/counters.h"
 #include "evaluator/evaluation.h"
+#include "search/scripted_evaluator.h"
 #include "search/search_config.h"
 #include "search/search_setup.h"
 #include "server/orchestrator_runner.h"
@@ -29,7 +30,30 @@ bool Transient(const Status& st) {
          st.code() == Code::kResourceExhausted || st.code() == Code::kInternal;
 }
 
+// Whether the evaluators this worker makes will read hardware counters
+// (CandidateEvaluator::CanReadCounters), asked before any is made: the GPU
+// evaluator's where ncu is found, a scripted one's when told counters.
+bool ReadsCountersUpFront(const EvaluatorOptions& eo) {
+  if (eo.spec == "fake") return false;
+  if (eo.spec.rfind("fake:", 0) == 0) {
+    auto o = LoadScriptedEvaluatorOptions(eo.spec.substr(5));
+    return o.ok() && o->counters.has_value();
+  }
+  return !FindNcu().empty();
+}
+
 }  // namespace
+
+// What one GPU thread has loaded: the evaluators of one problem text under one
+// precision contract (their references hold GPU memory), with the agents'
+// practice evaluator once a practice call asked for it.
+struct GpuWorker::LoadedProblem {
+  std::string problem_id;  // for lease affinity
+  std::string sha;         // of the problem's source
+  std::string precision;   // the contract it judges under (each candidate's search's)
+  std::unique_ptr<StoredProblemEvaluators> evaluators;
+  std::string refusal;     // why the reference cannot judge kernels ("" = it can)
+};
 
 std::string DefaultWorkerName() {
   char host[256] = "host";
@@ -85,6 +109,15 @@ void GpuWorker::Drop(const std::vector<std::string>& lease_ids) {
   for (const auto& id : lease_ids) held_.erase(id);
 }
 
+void GpuWorker::GiveBack(const std::vector<std::string>& lease_ids) {
+  if (lease_ids.empty()) return;
+  pb::RenewLeasesRequest req;
+  for (const auto& id : lease_ids) req.add_lease_ids(id);
+  req.set_release(true);
+  (void)client_->RenewLeases(req);  // failing that, the leases expire
+  Drop(lease_ids);
+}
+
 int GpuWorker::Stop() {
   std::vector<std::string> ids;
   Client* client = nullptr;
@@ -111,8 +144,14 @@ void GpuWorker::RenewLoop() {
     std::vector<std::string> ids;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      every = lease_s_ > 0 ? lease_s_ / 3 : 1.0;
-      if (cv_.wait_for(lock, std::chrono::duration<double>(every), [&] { return stop_.load(); })) return;
+      // Every third of the shortest lease held (practice calls' are short).
+      double shortest = lease_s_;
+      if (practice_lease_s_ > 0 && (shortest <= 0 || practice_lease_s_ < shortest)) shortest = practice_lease_s_;
+      every = shortest > 0 ? shortest / 3 : 1.0;
+      renew_now_ = false;
+      if (cv_.wait_for(lock, std::chrono::duration<double>(every), [&] { return stop_.load() || renew_now_; })) {
+        if (stop_) return;
+      }
       ids.assign(held_.begin(), held_.end());
     }
     if (ids.empty()) continue;
@@ -132,30 +171,20 @@ void GpuWorker::RenewLoop() {
 }
 
 void GpuWorker::ServeDevice(int device) {
-  // One problem's evaluator at a time per GPU: its reference holds GPU memory.
-  std::string loaded_sha;
-  std::string loaded_precision;  // the contract it judges under (each candidate's search's)
-  std::string refusal;  // why the loaded reference cannot judge kernels ("" = it can)
-  std::string loaded_problem;  // its id, for lease affinity
-  std::unique_ptr<CandidateEvaluator> evaluator;
+  LoadedProblem loaded;    // one problem's evaluators at a time per GPU: its reference holds GPU memory
   std::string facts_json;  // what this GPU measured, sent with the next report
   auto idle_since = Clock::now();
   double backoff = 0.5;
   const std::string who = options_.name + "/gpu" + std::to_string(device);
-  auto release = [&](const std::vector<std::string>& ids) {
-    pb::RenewLeasesRequest req;
-    for (const auto& id : ids) req.add_lease_ids(id);
-    req.set_release(true);
-    (void)client_->RenewLeases(req);  // failing that, the leases expire
-    Drop(ids);
-  };
 
   while (!stop_) {
     pb::LeaseCandidatesRequest req;
     req.set_worker(who);
     req.set_max_candidates(options_.batch);
     req.set_lease_seconds(options_.lease_s);
-    if (evaluator) req.set_prefer_problem_id(loaded_problem);
+    req.set_serves_practice(true);
+    req.set_reads_counters(reads_counters_);
+    if (loaded.evaluators) req.set_prefer_problem_id(loaded.problem_id);
     auto resp = client_->LeaseCandidates(req);
     if (!resp.ok()) {
       if (!Transient(resp.status())) return Fail(resp.status().WithContext("leasing from " + options_.client.address));
@@ -165,120 +194,223 @@ void GpuWorker::ServeDevice(int device) {
       continue;
     }
     backoff = 0.5;
-    if (resp->candidates().empty()) {
+    if (resp->candidates().empty() && resp->practice_calls().empty()) {
       if (options_.exit_when_idle_s > 0 && Since(idle_since) >= options_.exit_when_idle_s) return;
       SleepUnlessStopped(options_.idle_poll_s);
       continue;
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& c : resp->candidates()) held_.insert(c.lease_id());
-      stats_.leased += resp->candidates_size();
-      lease_s_ = resp->lease_seconds();
-    }
-    cv_.notify_all();
+    Hold(*resp);
     // Stopped while the lease call was in flight: give them back at once.
     if (stop_) {
       std::vector<std::string> ids;
       for (const auto& c : resp->candidates()) ids.push_back(c.lease_id());
-      release(ids);
+      for (const auto& c : resp->practice_calls()) ids.push_back(c.lease_id());
+      GiveBack(ids);
       return;
     }
-    // One evaluator per problem and precision contract (a search's --precision).
-    std::map<std::pair<std::string, std::string>, std::vector<const pb::LeasedCandidate*>> by_problem;
-    for (const auto& c : resp->candidates())
-      by_problem[{c.problem_id(), c.precision().empty() ? "highest" : c.precision()}].push_back(&c);
-    for (const auto& [key, cands] : by_problem) {
-      const auto& [problem_id, precision] = key;
-      std::vector<std::string> ids;
-      for (const auto* c : cands) ids.push_back(c->lease_id());
-      auto p = resp->problems().find(problem_id);
-      if (p == resp->problems().end()) {
-        Log("the server sent no source for problem " + problem_id + "; giving the leases back");
-        release(ids);
-        continue;
-      }
-      if (!evaluator || loaded_sha != p->second.sha256() || loaded_precision != precision) {
-        evaluator.reset();
-        store::ProblemRow row;
-        row.name = p->second.name();
-        row.source = p->second.source();
-        EvaluatorOptions eo = options_.evaluator;
-        eo.device = device;
-        eo.gpus.clear();
-        eo.precision = precision;
-        std::optional<GpuFacts> facts;
-        std::vector<std::string> degenerate;
-        std::unique_lock<std::shared_mutex> preparing(prepare_mu_);
-        auto made = MakeStoredProblemEvaluator(row, eo, &facts, &degenerate);
-        preparing.unlock();
-        if (!made.ok()) {
-          Log("preparing problem " + problem_id + " (" + row.name + "): " + made.status().ToString() +
-              "; giving the leases back");
-          release(ids);
-          SleepUnlessStopped(options_.idle_poll_s);
-          continue;
-        }
-        evaluator = std::move(*made);
-        loaded_sha = p->second.sha256();
-        SearchConfig strict;  // the refusal as the CLI words it, for searches that do not allow it
-        Status judge = CheckReferenceCanJudge(row.name, degenerate, strict);
-        refusal = judge.ok() ? "" : std::string(kReferenceRefusal) + judge.message();
-        loaded_precision = precision;
-        loaded_problem = problem_id;
-        if (facts) facts_json = GpuFactsToJson(*facts).dump();
-      }
-      // Candidates whose search does not allow a degenerate reference are
-      // refused (the server fails their search); the others are judged.
-      std::vector<const pb::LeasedCandidate*> judged, refused;
-      std::vector<Candidate> batch;
-      for (const auto* c : cands) {
-        if (!refusal.empty() && !c->allow_degenerate()) {
-          refused.push_back(c);
-        } else {
-          judged.push_back(c);
-          batch.push_back(Candidate{c->source(), c->plan_json()});
-        }
-      }
-      for (const auto* c : refused) {
-        if (stop_) return;
-        pb::ReportEvaluationRequest rep;
-        rep.set_reference_refusal(refusal);
-        Report(who, c, rep);
-      }
-      if (batch.empty()) continue;
-      std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
-      if (device == 0) timing.lock();
-      auto results = evaluator->EvaluateBatch(batch);
-      if (timing.owns_lock()) timing.unlock();
-      if (!results.ok() || results->size() != batch.size()) {
-        Log("evaluator on GPU " + std::to_string(device) + ": " +
-            (results.ok() ? std::string("wrong result count") : results.status().ToString()) +
-            "; giving the leases back");
-        evaluator.reset();  // made again for the next candidates (a worker that broke)
-        std::vector<std::string> judged_ids;
-        for (const auto* c : judged) judged_ids.push_back(c->lease_id());
-        release(judged_ids);
-        continue;
-      }
-      std::vector<const pb::LeasedCandidate*> profile;  // the server asked for their counters
-      std::vector<Candidate> profile_batch;
-      for (size_t i = 0; i < judged.size(); ++i) {
-        if (stop_) return;  // Stop() gave the rest back
-        pb::ReportEvaluationRequest rep;
-        rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
-        rep.set_gpu_facts_json(facts_json);
-        auto answer = Report(who, judged[i], rep);
-        if (answer) facts_json.clear();
-        if (answer && answer->read_counters()) {
-          profile.push_back(judged[i]);
-          profile_batch.push_back(batch[i]);
-        }
-      }
-      if (!profile.empty()) SendCounters(device, evaluator.get(), profile, profile_batch);
-    }
+    // An agent's conversation waits on each practice call: they go first.
+    ServePractice(device, *resp, &loaded, &facts_json);
+    JudgeCandidates(device, *resp, &loaded, &facts_json);
     idle_since = Clock::now();
   }
+}
+
+void GpuWorker::Hold(const pb::LeaseCandidatesResponse& resp) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& c : resp.candidates()) held_.insert(c.lease_id());
+    for (const auto& c : resp.practice_calls()) held_.insert(c.lease_id());
+    stats_.leased += resp.candidates_size();
+    lease_s_ = resp.lease_seconds();
+    if (!resp.practice_calls().empty() && practice_lease_s_ != resp.practice_lease_seconds()) {
+      practice_lease_s_ = resp.practice_lease_seconds();
+      renew_now_ = true;  // the renewer's period follows the shortest lease held
+    }
+  }
+  cv_.notify_all();
+}
+
+Status GpuWorker::Load(int device, const std::string& problem_id, const pb::LeasedProblem& problem,
+                       const std::string& precision, bool practice, LoadedProblem* loaded, std::string* facts_json) {
+  if (loaded->evaluators && loaded->sha == problem.sha256() && loaded->precision == precision &&
+      (!practice || loaded->evaluators->practice()))
+    return Status::Ok();
+  // Made again with the practice evaluator when a practice call first asks
+  // for it: its sets live inside the judging reference (one memory budget).
+  loaded->evaluators.reset();
+  store::ProblemRow row;
+  row.name = problem.name();
+  row.source = problem.source();
+  EvaluatorOptions eo = options_.evaluator;
+  eo.device = device;
+  eo.gpus.clear();
+  eo.precision = precision;
+  std::optional<GpuFacts> facts;
+  std::vector<std::string> degenerate;
+  if (practice) Log("preparing " + row.name + " with the agents' practice sets on GPU " + std::to_string(device));
+  std::unique_lock<std::shared_mutex> preparing(prepare_mu_);
+  auto made = StoredProblemEvaluators::Make(row, eo, practice, &facts, &degenerate);
+  preparing.unlock();
+  if (!made.ok()) return made.status().WithContext("preparing problem " + problem_id + " (" + row.name + ")");
+  loaded->evaluators = std::move(made).value();
+  if (loaded->evaluators->judge()->CanReadCounters()) reads_counters_ = true;
+  loaded->sha = problem.sha256();
+  loaded->precision = precision;
+  loaded->problem_id = problem_id;
+  SearchConfig strict;  // the refusal as the CLI words it, for searches that do not allow it
+  Status judge = CheckReferenceCanJudge(row.name, degenerate, strict);
+  loaded->refusal = judge.ok() ? "" : std::string(kReferenceRefusal) + judge.message();
+  if (facts) *facts_json = GpuFactsToJson(*facts).dump();
+  return Status::Ok();
+}
+
+void GpuWorker::JudgeCandidates(int device, const pb::LeaseCandidatesResponse& resp, LoadedProblem* loaded,
+                                std::string* facts_json) {
+  const std::string who = options_.name + "/gpu" + std::to_string(device);
+  // One evaluator per problem and precision contract (a search's --precision).
+  std::map<std::pair<std::string, std::string>, std::vector<const pb::LeasedCandidate*>> by_problem;
+  for (const auto& c : resp.candidates())
+    by_problem[{c.problem_id(), c.precision().empty() ? "highest" : c.precision()}].push_back(&c);
+  for (const auto& [key, cands] : by_problem) {
+    const auto& [problem_id, precision] = key;
+    std::vector<std::string> ids;
+    for (const auto* c : cands) ids.push_back(c->lease_id());
+    auto p = resp.problems().find(problem_id);
+    if (p == resp.problems().end()) {
+      Log("the server sent no source for problem " + problem_id + "; giving the leases back");
+      GiveBack(ids);
+      continue;
+    }
+    if (Status st = Load(device, problem_id, p->second, precision, /*practice=*/false, loaded, facts_json);
+        !st.ok()) {
+      Log(st.ToString() + "; giving the leases back");
+      GiveBack(ids);
+      SleepUnlessStopped(options_.idle_poll_s);
+      continue;
+    }
+    CandidateEvaluator* evaluator = loaded->evaluators->judge();
+    // Candidates whose search does not allow a degenerate reference are
+    // refused (the server fails their search); the others are judged.
+    std::vector<const pb::LeasedCandidate*> judged, refused;
+    std::vector<Candidate> batch;
+    for (const auto* c : cands) {
+      if (!loaded->refusal.empty() && !c->allow_degenerate()) {
+        refused.push_back(c);
+      } else {
+        judged.push_back(c);
+        batch.push_back(Candidate{c->source(), c->plan_json()});
+      }
+    }
+    for (const auto* c : refused) {
+      if (stop_) return;
+      pb::ReportEvaluationRequest rep;
+      rep.set_reference_refusal(loaded->refusal);
+      Report(who, c, rep);
+    }
+    if (batch.empty()) continue;
+    std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
+    if (device == 0) timing.lock();
+    auto results = evaluator->EvaluateBatch(batch);
+    if (timing.owns_lock()) timing.unlock();
+    if (!results.ok() || results->size() != batch.size()) {
+      Log("evaluator on GPU " + std::to_string(device) + ": " +
+          (results.ok() ? std::string("wrong result count") : results.status().ToString()) +
+          "; giving the leases back");
+      loaded->evaluators.reset();  // made again for the next candidates (a worker that broke)
+      std::vector<std::string> judged_ids;
+      for (const auto* c : judged) judged_ids.push_back(c->lease_id());
+      GiveBack(judged_ids);
+      continue;
+    }
+    std::vector<const pb::LeasedCandidate*> profile;  // the server asked for their counters
+    std::vector<Candidate> profile_batch;
+    for (size_t i = 0; i < judged.size(); ++i) {
+      if (stop_) return;  // Stop() gave the rest back
+      pb::ReportEvaluationRequest rep;
+      rep.set_evaluation_json(EvaluationToJson((*results)[i]).dump());
+      rep.set_gpu_facts_json(*facts_json);
+      auto answer = Report(who, judged[i], rep);
+      if (answer) facts_json->clear();
+      if (answer && answer->read_counters()) {
+        profile.push_back(judged[i]);
+        profile_batch.push_back(batch[i]);
+      }
+    }
+    if (!profile.empty()) SendCounters(device, evaluator, profile, profile_batch);
+  }
+}
+
+void GpuWorker::ServePractice(int device, const pb::LeaseCandidatesResponse& resp, LoadedProblem* loaded,
+                              std::string* facts_json) {
+  for (const pb::LeasedPracticeCall& call : resp.practice_calls()) {
+    if (stop_) return;  // Stop() gave the rest back
+    pb::ReportPracticeRequest rep;
+    auto p = resp.problems().find(call.problem_id());
+    const std::string precision = call.precision().empty() ? "highest" : call.precision();
+    Status ready = p == resp.problems().end()
+                       ? Internal("the server sent no source for problem " + call.problem_id())
+                       : Load(device, call.problem_id(), p->second, precision, /*practice=*/true, loaded, facts_json);
+    if (!ready.ok()) {
+      // The problem's practice evaluator cannot be made here: the agent is told why.
+      Log("practice call " + call.id() + ": " + ready.ToString());
+      rep.set_error(ready.message());
+    } else {
+      StatusOr<std::string> result = RunPractice(device, loaded->evaluators->practice(), call);
+      if (!result.ok()) {
+        Log("practice call " + call.id() + " (" + call.tool() + ") on GPU " + std::to_string(device) + ": " +
+            result.status().ToString() + "; giving the lease back");
+        loaded->evaluators.reset();  // made again for the next call (a worker that broke)
+        GiveBack({call.lease_id()});
+        continue;
+      }
+      rep.set_result_json(std::move(result).value());
+    }
+    ReportPractice(call, rep);
+  }
+}
+
+StatusOr<std::string> GpuWorker::RunPractice(int device, CandidateEvaluator* evaluator,
+                                             const pb::LeasedPracticeCall& call) {
+  KS_ASSIGN_OR_RETURN(store::PracticeTool tool, store::ParsePracticeTool(call.tool()));
+  const Candidate c{call.source(), call.plan_json()};
+  std::shared_lock<std::shared_mutex> timing(prepare_mu_, std::defer_lock);
+  if (device == 0) timing.lock();  // never beside the reference bridge on device 0
+  switch (tool) {
+    case store::PracticeTool::kCompile: {
+      KS_ASSIGN_OR_RETURN(Evaluation e, evaluator->CompileOnly(c));
+      return EvaluationToJson(e).dump();
+    }
+    case store::PracticeTool::kTest: {
+      KS_ASSIGN_OR_RETURN(std::vector<Evaluation> out, evaluator->EvaluateBatch({c}));
+      if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " results");
+      return EvaluationToJson(out.front()).dump();
+    }
+    case store::PracticeTool::kProfile: {
+      std::vector<CounterReport> out = evaluator->ReadCounters({c});
+      if (out.size() != 1) return Internal("the practice evaluator returned " + std::to_string(out.size()) + " reports");
+      return CounterReportToJson(out.front()).dump();
+    }
+  }
+  return Internal("unreachable");
+}
+
+void GpuWorker::ReportPractice(const pb::LeasedPracticeCall& call, pb::ReportPracticeRequest& rep) {
+  if (!Held(call.lease_id())) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.lost;
+    return;
+  }
+  rep.set_id(call.id());
+  rep.set_lease_id(call.lease_id());
+  auto r = client_->ReportPractice(rep);
+  for (double wait = 0.5; !r.ok() && Transient(r.status()) && wait <= 8 && !stop_; wait *= 2) {
+    SleepUnlessStopped(wait);
+    r = client_->ReportPractice(rep);
+  }
+  Drop({call.lease_id()});
+  if (!r.ok()) Log("practice call " + call.id() + " not stored: " + r.status().ToString());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(r.ok() ? stats_.practice : stats_.lost);
 }
 
 void GpuWorker::SendCounters(int device, CandidateEvaluator* evaluator,
@@ -334,6 +466,7 @@ Status GpuWorker::Run() {
     client_ = std::move(client);
   }
   if (options_.devices.empty()) return InvalidArgument("gpu-worker: no GPU to evaluate on");
+  reads_counters_ = ReadsCountersUpFront(options_.evaluator);
   Log("serving " + std::to_string(options_.devices.size()) + " GPU(s) for " + options_.client.address);
   std::thread renewer([this] { RenewLoop(); });
   std::vector<std::thread> devices;
@@ -344,7 +477,7 @@ Status GpuWorker::Run() {
   renewer.join();
   std::lock_guard<std::mutex> lock(mu_);
   Log("done: leased " + std::to_string(stats_.leased) + ", reported " + std::to_string(stats_.reported) +
-      ", lost " + std::to_string(stats_.lost));
+      ", practice calls " + std::to_string(stats_.practice) + ", lost " + std::to_string(stats_.lost));
   return fatal_;
 }
 

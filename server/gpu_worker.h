@@ -13,6 +13,15 @@
 // A worker that dies simply stops renewing: its leases expire and the server
 // hands the candidates to another worker. Stop() releases held leases at once.
 //
+// Agents' practice calls (issue 32): the server's agents (search/agent.h)
+// compile, test and profile their drafts through the workers. A lease call
+// returns those first (server/practice_calls.h); each GPU thread runs them
+// with the PRACTICE evaluator of the problem (practice input sets from their
+// own seed, no reference values; orchestrator_runner.h
+// StoredProblemEvaluators), made beside its judging evaluator and kept with
+// it, and reports each result (ReportPractice) under its short lease, which
+// the renewer keeps alive.
+//
 // Ownership: owns its client, evaluators and threads. Thread-safety: Run() once,
 // from one thread; Stop() from any thread (a signal handler thread).
 #pragma once
@@ -52,6 +61,7 @@ struct GpuWorkerStats {
   int64_t leased = 0;
   int64_t reported = 0;
   int64_t lost = 0;  // results dropped because the lease was lost
+  int64_t practice = 0;  // agents' practice calls answered (issue 32)
 };
 
 class GpuWorker {
@@ -71,10 +81,33 @@ class GpuWorker {
   GpuWorkerStats stats() const;
 
  private:
+  struct LoadedProblem;  // a GPU thread's evaluators and what they were made for
+
   void ServeDevice(int device);
+  // Takes the leases of a lease answer: held (renewed) until reported.
+  void Hold(const ::kernelsearch::v1::LeaseCandidatesResponse& resp);
+  // Makes (or keeps) the evaluators of `problem` under `precision` on
+  // `device`, with the agents' practice evaluator when `practice`.
+  Status Load(int device, const std::string& problem_id, const ::kernelsearch::v1::LeasedProblem& problem,
+              const std::string& precision, bool practice, LoadedProblem* loaded, std::string* facts_json);
+  // Judges a lease answer's candidates, problem by problem, and reports each.
+  void JudgeCandidates(int device, const ::kernelsearch::v1::LeaseCandidatesResponse& resp, LoadedProblem* loaded,
+                       std::string* facts_json);
+  // Runs a lease answer's practice calls in order and reports each; a call
+  // this GPU failed to run goes back to the server.
+  void ServePractice(int device, const ::kernelsearch::v1::LeaseCandidatesResponse& resp, LoadedProblem* loaded,
+                     std::string* facts_json);
+  // One practice call's result as JSON (EvaluationToJson, CounterReportToJson).
+  StatusOr<std::string> RunPractice(int device, CandidateEvaluator* evaluator,
+                                    const ::kernelsearch::v1::LeasedPracticeCall& call);
+  // Sends a practice call's result while its lease is held, retrying a briefly absent server.
+  void ReportPractice(const ::kernelsearch::v1::LeasedPracticeCall& call,
+                      ::kernelsearch::v1::ReportPracticeRequest& rep);
   void RenewLoop();
   bool Held(const std::string& lease_id);
   void Drop(const std::vector<std::string>& lease_ids);
+  // Gives leases back to the server now (failing that, they expire) and forgets them.
+  void GiveBack(const std::vector<std::string>& lease_ids);
   // Sends one report (an evaluation or a refusal) for leased candidate c
   // while its lease is held, retrying a briefly absent server; counts it.
   // The server's answer, or nothing when it was not stored.
@@ -101,11 +134,16 @@ class GpuWorker {
   mutable std::mutex mu_;  // guards the fields below
   std::unique_ptr<Client> client_;  // set once by Run(); thread-safe itself
   double lease_s_ = 0;  // the length the server granted (its answer to the first lease)
+  double practice_lease_s_ = 0;  // the (shorter) length of practice calls' leases, once one was granted
+  bool renew_now_ = false;  // a shorter lease came: the renewer recomputes its period
   std::condition_variable cv_;
   std::set<std::string> held_;  // live lease ids
   Status fatal_;
   GpuWorkerStats stats_;
   int idle_devices_ = 0;
+  // The evaluators here read hardware counters (asked up front, then what
+  // every evaluator made says): the server then gives this worker `profile` calls.
+  std::atomic<bool> reads_counters_{false};
 };
 
 // "host/pid", with "/slurm-JOB[_TASK]" when run by Slurm.

@@ -2,6 +2,7 @@
 
 #include "evaluator/judge/judge.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -120,6 +121,13 @@ StatusOr<double> ResolveLeaseSeconds(double requested, const ServerLimits& limit
   if (!(requested >= limits.min_lease_s && requested <= limits.max_lease_s))
     return InvalidArgument("lease_seconds must be within " + Num(limits.min_lease_s) + ".." + Num(limits.max_lease_s));
   return requested;
+}
+
+Status ValidateLeaseId(const std::string& id) {
+  bool ok = id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+  return ok ? Status::Ok() : InvalidArgument("lease_id is malformed");
 }
 
 StatusOr<int> ResolvePageSize(int requested, const ServerLimits& limits) {

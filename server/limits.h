@@ -62,6 +62,10 @@ struct ServerLimits {
   int max_lease_candidates = 64;
   size_t max_worker_name_bytes = 128;
   size_t max_evaluation_bytes = 3 << 20;  // a reported evaluation (compiler logs included)
+  // An agent's practice call (issue 32) is leased for at most this long
+  // (renewed while it runs): a model conversation waits on it, so the call of
+  // a worker that died moves to another within seconds.
+  double practice_lease_s = 15;
   int max_page_size = 500;
   int default_page_size = 50;
   ConfigBounds config;
@@ -86,6 +90,9 @@ Status ValidateId(const std::string& what, const std::string& id);
 // A requested lease length: 0 → default, else within [min, max] (InvalidArgument
 // naming the bounds otherwise).
 StatusOr<double> ResolveLeaseSeconds(double requested, const ServerLimits& limits);
+
+// A lease id as the store makes them: 32 lowercase hex digits (InvalidArgument otherwise).
+Status ValidateLeaseId(const std::string& id);
 
 // Page size: 0 → default, negative → InvalidArgument, above max → max.
 StatusOr<int> ResolvePageSize(int requested, const ServerLimits& limits);

@@ -21,6 +21,11 @@ class StoredProblemEvaluator final : public CandidateEvaluator {
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override {
     return inner_->EvaluateBatch(candidates);
   }
+  StatusOr<Evaluation> CompileOnly(const Candidate& candidate) override { return inner_->CompileOnly(candidate); }
+  std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override {
+    return inner_->ReadCounters(candidates);
+  }
+  bool CanReadCounters() const override { return inner_->CanReadCounters(); }
   std::string DeviceName() const override { return inner_->DeviceName(); }
 
  private:
@@ -52,9 +57,39 @@ StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const s
   return std::unique_ptr<CandidateEvaluator>(new StoredProblemEvaluator(std::move(dir), std::move(made.evaluator)));
 }
 
+StatusOr<std::unique_ptr<StoredProblemEvaluators>> StoredProblemEvaluators::Make(
+    const store::ProblemRow& problem, const EvaluatorOptions& options, bool practice, std::optional<GpuFacts>* gpu,
+    std::vector<std::string>* degenerate) {
+  std::unique_ptr<StoredProblemEvaluators> out(new StoredProblemEvaluators());
+  KS_ASSIGN_OR_RETURN(out->dir_, TempDir::Make("ks-problem"));
+  const std::string path = out->dir_.path() + "/" + SafeStem(problem.name) + ".py";
+  KS_RETURN_IF_ERROR(WriteFile(path, problem.source));
+  EvaluatorOptions eo = options;
+  eo.practice_sets = practice ? 1 : 0;
+  KS_ASSIGN_OR_RETURN(SearchEvaluator made, MakeSearchEvaluator(path, eo));
+  if (gpu) *gpu = made.gpu;
+  if (degenerate) *degenerate = made.degenerate;
+  out->judge_ = std::move(made.evaluator);
+  out->practice_ = std::move(made.practice);
+  if (practice && !out->practice_) {
+    eo.practice_sets = 0;
+    KS_ASSIGN_OR_RETURN(SearchEvaluator own, MakeSearchEvaluator(path, PracticeEvaluatorOptions(eo)));
+    out->practice_ = std::move(own.evaluator);
+  }
+  return out;
+}
+
+StoredProblemEvaluators::~StoredProblemEvaluators() {
+  practice_.reset();  // a view of judge_'s practice sets, where it is one
+  judge_.reset();
+}
+
 OrchestratorRunner::OrchestratorRunner(store::LineageStore* store, const PromptLibrary* prompts,
                                        OrchestratorRunnerOptions options)
-    : store_(store), prompts_(prompts), options_(std::move(options)) {}
+    : store_(store), prompts_(prompts), options_(std::move(options)) {
+  if (options_.evaluator.spec == kWorkersEvaluator)
+    practice_calls_ = std::make_unique<PracticeCalls>(store_, options_.practice);
+}
 
 // GPU workers evaluate (issue 13): the model side runs one generate-only step
 // at a time and, between steps, waits until the workers (kernelsearch
@@ -110,6 +145,13 @@ Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
   deps.llm = setup->llm();
   deps.evaluator = setup->evaluator();
   deps.practice_evaluator = setup->practice_evaluator();
+  // With GPU workers, the agent's conversations run here, beside the model, and
+  // each of its tool calls is leased to a worker (issue 32).
+  std::unique_ptr<CandidateEvaluator> practice;
+  if (workers && setup->config().implement == "agent") {
+    practice = practice_calls_->EvaluatorFor(search_id, stop);
+    deps.practice_evaluator = practice.get();
+  }
   deps.prompts = prompts_;
   deps.cancel = stop;
   // Watchers read the store; an event only says "look now".

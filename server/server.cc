@@ -75,6 +75,7 @@ Status Serve(const ServerOptions& o, const PartsFactory& make_parts) {
   deps.load_signature = parts.load_signature;
   deps.make_evaluator = parts.make_evaluator;
   deps.search_base = parts.search_base;
+  deps.practice_calls = parts.practice_calls;
   KernelSearchService service(std::move(deps));
 
   grpc::ServerBuilder builder;

@@ -14,6 +14,7 @@
 #include "search/search_config.h"
 #include "store/lineage_store.h"
 #include "server/limits.h"
+#include "server/practice_calls.h"
 #include "server/search_runner.h"
 
 namespace ks::server {
@@ -36,6 +37,9 @@ struct ServerParts {
   std::function<StatusOr<Signature>(const std::string& path)> load_signature;
   std::function<StatusOr<std::unique_ptr<CandidateEvaluator>>(const store::ProblemRow& problem)> make_evaluator;
   SearchConfig search_base;  // see ServiceDeps::search_base
+  // Agents' practice calls for GPU workers (ServiceDeps::practice_calls);
+  // owned by the runner, null without GPU workers.
+  PracticeCalls* practice_calls = nullptr;
 };
 using PartsFactory = std::function<StatusOr<ServerParts>(store::LineageStore* store)>;
 

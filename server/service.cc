@@ -23,14 +23,6 @@ double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A lease id as the store makes them: 32 lowercase hex digits.
-Status ValidateLeaseId(const std::string& id) {
-  bool ok = id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-  });
-  return ok ? Status::Ok() : InvalidArgument("lease_id is malformed");
-}
-
 // Decodes a page token (the offset into the ordered listing, as decimal).
 StatusOr<size_t> ParsePageToken(const std::string& token) {
   if (token.empty()) return size_t{0};
@@ -446,8 +438,12 @@ grpc::Status KernelSearchService::LeaseCandidates(grpc::ServerContext* ctx, cons
     if (!req->prefer_problem_id().empty()) {
       KS_ASSIGN_OR_RETURN(prefer, ParseId("prefer_problem_id", req->prefer_problem_id()));
     }
-    KS_ASSIGN_OR_RETURN(std::vector<store::LeasedCandidateRow> leased,
-                        deps_.store->LeaseCandidates(worker, max, lease_s, NowSeconds(), prefer));
+    // Agents' practice calls first: a model conversation waits on each (issue 32).
+    KS_ASSIGN_OR_RETURN(int practice, LeasePracticeCalls(*req, worker, lease_s, max, resp));
+    std::vector<store::LeasedCandidateRow> leased;
+    if (practice < max) {
+      KS_ASSIGN_OR_RETURN(leased, deps_.store->LeaseCandidates(worker, max - practice, lease_s, NowSeconds(), prefer));
+    }
     resp->set_lease_seconds(lease_s);
     for (const auto& l : leased) {
       pb::LeasedCandidate* out = resp->add_candidates();
@@ -459,12 +455,7 @@ grpc::Status KernelSearchService::LeaseCandidates(grpc::ServerContext* ctx, cons
       out->set_attempts(l.attempts);
       out->set_precision(l.precision);
       out->set_allow_degenerate(l.allow_degenerate);
-      if (resp->problems().count(out->problem_id())) continue;
-      KS_ASSIGN_OR_RETURN(store::ProblemRow p, deps_.store->GetProblem(l.problem_id));
-      pb::LeasedProblem& lp = (*resp->mutable_problems())[out->problem_id()];
-      lp.set_name(p.name);
-      lp.set_source(p.source);
-      lp.set_sha256(p.sha256);
+      KS_RETURN_IF_ERROR(AddLeasedProblem(l.problem_id, resp));
     }
     if (!leased.empty()) {
       std::string ids;

@@ -23,6 +23,7 @@
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/limits.h"
+#include "server/practice_calls.h"
 #include "server/watch_hub.h"
 
 namespace ks::server {
@@ -43,6 +44,9 @@ struct ServiceDeps {
   // client's validated config overrides the shape and the budgets.
   SearchConfig search_base;
   int max_concurrent_evaluations = 1;  // EvaluateKernel calls at once; more: RESOURCE_EXHAUSTED
+  // Agents' practice calls for GPU workers (issue 32; `--evaluator workers`).
+  // Null: this server leases none (it has a GPU of its own).
+  PracticeCalls* practice_calls = nullptr;
   // Queues a stored search that is pending again because ContinueSearch gave
   // it more rounds, to run like a search resumed when the server starts: the
   // job manager's resume path. ResourceExhausted when the queue is full,
@@ -90,6 +94,9 @@ class KernelSearchService final
                                   ::kernelsearch::v1::ReportEvaluationResponse* resp) override;
   ::grpc::Status ReportCounters(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ReportCountersRequest* req,
                                 ::kernelsearch::v1::ReportCountersResponse* resp) override;
+  // Agents' practice calls (issue 32; service_practice.cc).
+  ::grpc::Status ReportPractice(::grpc::ServerContext* ctx, const ::kernelsearch::v1::ReportPracticeRequest* req,
+                                ::kernelsearch::v1::ReportPracticeResponse* resp) override;
 
  private:
   // Authenticates, then runs `body` through GuardedCall (the one translator).
@@ -97,6 +104,12 @@ class KernelSearchService final
   ::grpc::Status Handle(const char* method, const Metadata& metadata, const std::function<Status()>& body);
   Status Authenticate(const Metadata& metadata) const;
   Status FillDetail(int64_t candidate_id, ::kernelsearch::v1::CandidateDetail* out);
+  // LeaseCandidates' first part: pending practice calls for a worker that
+  // serves them, up to `max`, with their problems (service_practice.cc).
+  // Returns how many were leased.
+  StatusOr<int> LeasePracticeCalls(const ::kernelsearch::v1::LeaseCandidatesRequest& req, const std::string& worker,
+                                   double lease_s, int max, ::kernelsearch::v1::LeaseCandidatesResponse* resp);
+  Status AddLeasedProblem(int64_t problem_id, ::kernelsearch::v1::LeaseCandidatesResponse* resp);
 
   ServiceDeps deps_;
   std::atomic<int> evaluations_in_flight_{0};
