@@ -19,7 +19,9 @@ shapes of each call's tensors and every argument is passed as the kernel's
 parameter takes it, by the evaluator's rules (ks_launch_plan.py). The kernel was
 verified at the problem's shapes (SIGNATURE) on get_inputs()'s data and on
 distribution-shifted copies of it (ROBUSTNESS says what held); at other shapes
-it runs when its plan allows, unverified.
+it runs when its plan allows, unverified. Likewise it was verified only for the
+model the problem builds (Model(*get_init_inputs())): a ModelNew built with
+other constructor arguments runs when its plan allows, unverified.
 
 A PyTorch operator (torch >= 2.4). The kernel is registered with
 torch.library.custom_op as OP_NAME (kernelsearch::candidate_<id>_<hash of the
@@ -46,6 +48,14 @@ launches, and a captured launch keeps its copy in the graph node, so no
 descriptor memory has to outlive the call; the map names the captured
 tensor's address, which a replay reads again (as every captured kernel reads
 its static inputs).
+Capturing a whole training step (torch.cuda.graph around forward and
+backward) follows PyTorch's recipe: warm up on a side stream, and let no
+autograd graph of an earlier step stay alive (drop its outputs and losses).
+A parameter's gradient accumulator keeps the stream it was created on, and
+while an old graph holds one made on the default stream, the backward inside
+the capture must make the default stream wait on the capturing one, which
+CUDA refuses (cudaErrorStreamCaptureImplicit, after PyTorch's warning that
+"the AccumulateGrad node's stream does not match").
 
 Autograd: ModelNew is trainable. The forward runs the kernel and keeps only
 its inputs and parameters (references, no copies); the backward recomputes
@@ -485,12 +495,15 @@ def _member(module, path):
     return module
 
 
-def _call_device(inputs, fake=False):
-    """The device a call runs on: its first tensor input's (meta only for shapes)."""
-    device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), None)
+def _call_device(tensors, fake=False):
+    """The device a call runs on: its first tensor's. The kernel runs on CUDA
+    tensors only; the fake implementation (`fake`) describes the outputs on
+    any device, since torch.compile traces with fake tensors of whatever
+    device the model is on, and the refusal belongs to the call that runs."""
+    device = next((v.device for v in tensors if isinstance(v, torch.Tensor)), None)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device.type != "cuda" and not (fake and device.type == "meta"):
+    if device.type != "cuda" and not fake:
         raise ValueError("the exported kernel runs on CUDA tensors; got %s" % device)
     return device
 
@@ -698,9 +711,10 @@ def _op_forward(ks_model, ks_training, *args):
 
 def _op_fake(ks_model, ks_training, *args):
     """The fake (meta) implementation: outputs of the right shapes, dtypes and
-    device, from the problem's own forward run on the fake tensors."""
+    device (any device: only the real call refuses a non-CUDA one), from the
+    problem's own forward run on the fake tensors."""
     inputs, state = _split(args)
-    device = _call_device(inputs, fake=True)
+    device = _call_device(inputs + state, fake=True)
     for spec, value in zip(SIGNATURE["inputs"] + SIGNATURE["parameters"], inputs + state):
         if spec["kind"] != "scalar":
             _check_tensor(value, spec, device)
@@ -1041,6 +1055,27 @@ def _gradients(outs, grads_out, leaves):
     return [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(got, leaves)]
 
 
+def _seeded_normal(outs, only_differentiable=False):
+    """Seeded normal values shaped as each floating-point output (None for the
+    others, and with `only_differentiable` for outputs without a gradient),
+    drawn from a generator of their own: the caller's random state is left as
+    it was, and no draw touches the device's default generator, which a CUDA
+    graph capture (torch.cuda.graph, mode="reduce-overhead") registers."""
+    gens = {}
+    grads = []
+    for o in outs:
+        if not isinstance(o, torch.Tensor) or not o.is_floating_point() or (
+                only_differentiable and not o.requires_grad):
+            grads.append(None)
+            continue
+        gen = gens.get(o.device)
+        if gen is None:
+            gen = gens[o.device] = torch.Generator(device=o.device)
+            gen.manual_seed(0)
+        grads.append(torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype))
+    return grads
+
+
 def _training_grads(model, forward, inputs, grads_out=None):
     """One training step's gradients: `forward` on fresh leaves of `inputs`,
     then backward with `grads_out` (seeded normal values when None). Returns
@@ -1051,10 +1086,7 @@ def _training_grads(model, forward, inputs, grads_out=None):
     with torch.enable_grad():
         outs = _outputs(forward(leaves_in))
         if grads_out is None:
-            gen = torch.Generator(device=outs[0].device)
-            gen.manual_seed(0)
-            grads_out = [torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
-                         if o.is_floating_point() else None for o in outs]
+            grads_out = _seeded_normal(outs)
         grads_out = [g.to(o.dtype) if g is not None else None for g, o in zip(grads_out, outs)]
         leaves = [v for v in leaves_in if isinstance(v, torch.Tensor) and v.requires_grad] + [p for _, p in params]
         grads = _gradients(outs, grads_out, leaves)
@@ -1094,6 +1126,15 @@ def check_backward(model, *inputs):
             "contract": JUDGE["contract"], "gradients": gradients}
 
 
+def _mark_step():
+    """Tells CUDA graph trees (torch.compile mode="reduce-overhead") that a new
+    step begins, so that a call never reads outputs a later replay overwrote;
+    nothing for any other model, or on a torch without it."""
+    mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+    if mark is not None:
+        mark()
+
+
 def benchmark(model, *inputs, runs=50, warmup=5, train=True):
     """Times ModelNew `model` (or torch.compile of it) and PyTorch eager (the
     problem's Model forward on the same module, PyTorch's default settings)
@@ -1102,12 +1143,16 @@ def benchmark(model, *inputs, runs=50, warmup=5, train=True):
     "train_eager_ms", "train_speedup"): forward, then backward into every
     floating-point input (as a layer inside a network sees them) and every
     parameter that requires grad; None where nothing is differentiable.
-    Parameters' .grad are restored afterwards."""
+    Parameters' .grad are restored afterwards. Each call is a step of its own
+    for a model compiled with mode="reduce-overhead" (CUDA graph trees), and
+    nothing random is drawn while timing."""
     def median_ms(fn):
         for _ in range(warmup):
+            _mark_step()
             fn()
         times = []
         for _ in range(runs):
+            _mark_step()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -1130,9 +1175,9 @@ def benchmark(model, *inputs, runs=50, warmup=5, train=True):
     leaves = [v for v in leaves_in if isinstance(v, torch.Tensor) and v.requires_grad] + params
     if not leaves:
         return result
+    _mark_step()
     with torch.enable_grad():
-        grads_out = [torch.randn_like(o) if o.is_floating_point() and o.requires_grad else None
-                     for o in _outputs(model(*leaves_in))]
+        grads_out = _seeded_normal(_outputs(model(*leaves_in)), only_differentiable=True)
     if all(g is None for g in grads_out):
         return result
 

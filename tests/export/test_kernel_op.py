@@ -271,8 +271,11 @@ def test_the_fake_implementation_on_meta_tensors(module):
         assert out.device.type == "meta" and out.dtype == torch.float32 and tuple(out.shape) == shape
     with pytest.raises(ValueError, match="cannot tell the output shapes"):
         module._op_fake(m._ks_key, True, torch.empty(4, 15, device="meta"), w, b)
+    # Any device: torch.compile traces a CPU model with CPU fake tensors; only the real call refuses CPU.
+    out = module._op_fake(m._ks_key, True, torch.empty(4, 16), m.ln.weight, m.ln.bias)
+    assert out.device.type == "cpu" and tuple(out.shape) == (4, 16)
     with pytest.raises(ValueError, match="CUDA tensors"):
-        module._op_fake(m._ks_key, True, torch.empty(4, 16), m.ln.weight, m.ln.bias)
+        module._op_forward(m._ks_key, True, torch.empty(4, 16), m.ln.weight, m.ln.bias)
     with pytest.raises(ValueError, match="is on cpu"):
         module._op_fake(m._ks_key, True, torch.empty(4, 16, device="meta"), m.ln.weight, b)
 
@@ -345,3 +348,23 @@ def test_without_the_operator_check_backward_says_why(module, monkeypatch):
     monkeypatch.setattr(module, "OP_NOTE", "no custom_op here")
     report = module.check_backward(module.ModelNew(16), torch.randn(4, 16))
     assert not report["ok"] and report["why"] == "no custom_op here"
+
+
+def test_gradients_arriving_at_the_outputs_leave_the_random_state_alone(module):
+    """benchmark() and check_backward() draw the gradients that arrive at the
+    outputs from a generator of their own: the caller's random state is
+    untouched, and so is the device's default generator, which a CUDA graph
+    capture registers (a draw from it outside the capture it belongs to is
+    refused: "Offset increment outside graph capture")."""
+    torch.manual_seed(7)
+    outs = [torch.randn(3, 4, requires_grad=True) * 2, torch.zeros(3, dtype=torch.int64), torch.randn(2)]
+    before = torch.get_rng_state()
+    first = module._seeded_normal(outs)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert first[1] is None and first[0].shape == (3, 4) and first[2].shape == (2,)
+    again = module._seeded_normal(outs)
+    assert all(torch.equal(x, y) for x, y in zip([first[0], first[2]], [again[0], again[2]]))
+    only = module._seeded_normal(outs, only_differentiable=True)
+    assert only[1] is None and only[2] is None and torch.equal(only[0], first[0])
+    module._mark_step()  # no model compiled with reduce-overhead: nothing to do, on any torch
+    assert torch.equal(torch.get_rng_state(), before)

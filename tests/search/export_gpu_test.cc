@@ -157,8 +157,9 @@ TEST_F(ExportGpuTest, TmaTensorMapExportMatchesTheModel) {
 // no break and equals eager at 4096 and 1000 rows; the fake implementation's
 // shapes are the problem's; torch.cuda.CUDAGraph and reduce-overhead replay
 // what eager computes; training steps (eager, compiled, reduce-overhead, and
-// one captured whole) give gradients within the judge's rule of the float64
-// ones; check() and benchmark() take the compiled model.
+// one captured whole, by PyTorch's recipe on a copy with fresh parameters)
+// give gradients within the judge's rule of the float64 ones; check() and
+// benchmark() take the compiled model, benchmark() a reduce-overhead one too.
 TEST_F(ExportGpuTest, LayerNormExportCompilesCapturesAndTrains) {
   int64_t id = Fill("layernorm_small.py", testing::kLayerNormSource, testing::kLayerNormPlan);
   ExportAndCompile(id, "[[4096, 1024], [1000, 1024]]");
