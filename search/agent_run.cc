@@ -100,7 +100,13 @@ Status Orchestrator::SearchRun::AgentImplement(const IdeaRow& idea, std::optiona
   task.limits = {config_.agent_turns, config_.agent_tool_calls, config_.agent_tokens};
   task.profile = o_->deps_.practice_evaluator && o_->deps_.practice_evaluator->CanReadCounters();
   AgentHostImpl host(this);
-  KS_ASSIGN_OR_RETURN(AgentOutcome outcome, RunAgent(task, &host));
+  StatusOr<AgentOutcome> ran = RunAgent(task, &host);
+  // A tool call dropped because the search is stopping (a server's shutdown
+  // or cancel while a GPU worker had the call, server/practice_calls.h): the
+  // implementation is left unfinished, as a model turn refused would leave
+  // it, and a resume runs that call again.
+  if (!ran.ok() && ran.status().code() == Code::kCancelled && Cancelled()) return Status::Ok();
+  KS_ASSIGN_OR_RETURN(AgentOutcome outcome, std::move(ran));
   CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,
                  .kind = CandidateKind::kPrimary, .branch = branch, .slot_key = slot};
   if (outcome.stop == "answered") return StoreReply(c, outcome.final_text);  // no tools: a one-shot reply

@@ -251,5 +251,38 @@ TEST_F(AgentWorkersE2eTest, AWorkerKilledMidCallLosesNothing) {
   EXPECT_EQ((*cands)[0].evaluation->status, EvalStatus::kCorrect);
 }
 
+TEST_F(AgentWorkersE2eTest, AServerStoppedWhileACallWaitsResumesTheConversation) {
+  SetUpServer(json::object(), {Turn("test", "FAKE_MS(0.5)"), Turn("submit", "FAKE_MS(0.5)")});
+  const std::string id = StartAgentSearch();  // no worker yet: the test call waits
+  ASSERT_FALSE(id.empty());
+  auto store = store::LineageStore::Open(h_->db());
+  ASSERT_TRUE(store.ok());
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!(*store)->GetPracticeCall(1).ok() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE((*store)->GetPracticeCall(1).ok()) << h_->Log();
+  // SIGTERM: the waiting call is dropped at once and the search left to resume.
+  EXPECT_EQ(h_->Terminate(), "exit code 0") << h_->Log();
+  EXPECT_EQ((*store)->GetSearch(std::stoll(id))->status, store::SearchStatus::kPending) << h_->Log();
+  EXPECT_EQ((*store)->GetPracticeCall(1)->state, store::PracticeCallState::kAbandoned);
+
+  h_->Start();
+  client_ = h_->Connect();
+  ChildProcess worker = StartWorker("w", 60);
+  pb::SearchInfo fin = WaitFinished(id, 120s);
+  EXPECT_EQ(fin.state(), pb::SUCCEEDED) << fin.DebugString() << h_->Log();
+  EXPECT_EQ(StopWorker(worker), "exit code 0");
+  // Turn 0 was paid for once: the resumed agent found it stored and ran its call again.
+  EXPECT_EQ(Lines(h_->Path("turns.log")), (std::vector<std::string>{"0 compile,test,submit", "1 compile,test,submit"}));
+  auto again = (*store)->GetPracticeCall(2);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->state, store::PracticeCallState::kDone);
+  auto cands = (*store)->ListCandidates(std::stoll(id));
+  ASSERT_TRUE(cands.ok());
+  ASSERT_EQ(cands->size(), 1u);
+  ASSERT_TRUE((*cands)[0].evaluation.has_value());
+  EXPECT_EQ((*cands)[0].evaluation->status, EvalStatus::kCorrect);
+}
+
 }  // namespace
 }  // namespace ks::e2e
