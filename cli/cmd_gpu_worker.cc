@@ -1,6 +1,7 @@
 // kernelsearch gpu-worker: evaluates the candidates of a `kernelsearch serve`
-// on this node's GPUs (server/gpu_worker.h), pulling them over the
-// authenticated gRPC API under expiring leases. SIGTERM or SIGINT (Slurm's
+// on this node's GPUs (server/gpu_worker.h), and runs the tool calls of the
+// server's agents, pulling them over the authenticated gRPC API under
+// expiring leases. SIGTERM or SIGINT (Slurm's
 // scancel, a pod's deletion) stops it: the leases it holds go back to the
 // server at once, so their candidates move to another worker.
 #include <signal.h>
