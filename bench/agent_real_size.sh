@@ -10,7 +10,9 @@
 #   bash bench/agent_real_size.sh KERNELBENCH_CHECKOUT [NAME ...]
 #     default NAMEs: 19_ReLU 24_LogSoftmax (6.4 GB of input each)
 #   env: KS, OUT (bench/common.sh), TESTS (default 3), WORKER=1 (the same
-#        through `serve --evaluator workers` + `gpu-worker`, when it is built)
+#        through `serve --evaluator workers` + one `gpu-worker` on loopback;
+#        WORKER_EVALUATOR=fake runs its flow without a GPU, with
+#        BENCH_GPU_CHECKED=1)
 # Writes $OUT/agent_real_size.md (a table) and $OUT/agent_real_size.log.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -23,10 +25,47 @@ TESTS=${TESTS:-3}
 require_ks
 require_gpu
 KERNELS=bench/kernelbench_scale/kernels
-MD=$OUT/agent_real_size.md
-LOG=$OUT/agent_real_size.log
+
+# WORKER=1: the same search submitted to `serve --evaluator workers` on
+# loopback, its tool calls and candidate served by one `gpu-worker` on this
+# GPU. The model's budget of calls ends the search after the agent's turns
+# (a submitted search has at least one round). The store read afterwards is
+# the server's ($w/ks.db).
+run_through_worker() {
+  local w=$1 problem=$2 port=${WORKER_PORT:-50917}
+  "$PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$w/token"
+  "$KS" serve --listen "127.0.0.1:$port" --token-file "$w/token" --db "$w/ks.db" --evaluator workers \
+    --model "command:$PYTHON $w/agent.py" > "$w/serve.log" 2>&1 &
+  local server=$!
+  "$KS" gpu-worker --server "127.0.0.1:$port" --token-file "$w/token" --poll 0.2 \
+    --evaluator "${WORKER_EVALUATOR:-gpu}" > "$w/worker.log" 2>&1 &
+  local worker=$!
+  local id="" i
+  for i in $(seq 1 50); do
+    id=$("$KS" submit "$problem" --server "127.0.0.1:$port" --token-file "$w/token" --implement agent --rounds 1 \
+      --ideas 1 --branches 1 --repairs 0 --budget-calls $((TESTS + 1)) --agent-tool-calls $((TESTS + 2)) \
+      --agent-turns $((TESTS + 2)) 2>> "$w/err") && break
+    sleep 0.2
+  done
+  "$KS" watch "$id" --server "127.0.0.1:$port" --token-file "$w/token" > "$w/out" 2>> "$w/err"
+  local rc=$?
+  # A search that ends on its budget leaves the submitted candidate to the
+  # workers (they lease it all the same): wait for its evaluation.
+  for i in $(seq 1 600); do
+    "$PYTHON" -c 'import sqlite3, sys; sys.exit(0 if sqlite3.connect(sys.argv[1]).execute("SELECT COUNT(*) FROM evaluations").fetchone()[0] else 1)' "$w/ks.db" && break
+    sleep 0.2
+  done
+  kill "$worker" 2>/dev/null; wait "$worker" 2>/dev/null
+  kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
+  cat "$w/serve.log" "$w/worker.log" >> "$w/err"
+  return $rc
+}
+suffix=""
+[ "${WORKER:-0}" = 1 ] && suffix=_worker
+MD=$OUT/agent_real_size$suffix.md
+LOG=$OUT/agent_real_size$suffix.log
 {
-  echo "# Agent at real size ($(date -u +%F), $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n1), commit $(commit_id))"
+  echo "# Agent at real size${suffix:+, through a GPU worker} ($(date -u +%F), $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n1), commit $(commit_id))"
   echo
   echo "| problem | test calls (s) | practice median (ms) | judged | GPU memory high-water / total (MiB) | search wall (s) |"
   echo "|---|---|---|---|---|---|"
@@ -52,12 +91,16 @@ with open(os.path.join(here, "turn_times"), "a") as f:
     f.write("%d %.3f\n" % (turn, time.time()))
 print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
 PY
-  (while [ ! -e "$w/done" ]; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -n1; sleep 0.2; done) > "$w/mem" &
+  (while [ ! -e "$w/done" ]; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n1; sleep 0.2; done) > "$w/mem" &
   sampler=$!
   t0=$(now)
-  "$KS" search "$problem" --model "command:$PYTHON $w/agent.py" --implement agent --rounds 0 --branches 1 \
-    --repair 0 --profile-top 0 --agent-tool-calls $((TESTS + 2)) --agent-turns $((TESTS + 2)) --db "$w/ks.db" --quiet \
-    > "$w/out" 2> "$w/err"
+  if [ "${WORKER:-0}" = 1 ]; then
+    run_through_worker "$w" "$problem"
+  else
+    "$KS" search "$problem" --model "command:$PYTHON $w/agent.py" --implement agent --rounds 0 --branches 1 \
+      --repair 0 --profile-top 0 --agent-tool-calls $((TESTS + 2)) --agent-turns $((TESTS + 2)) --db "$w/ks.db" \
+      --quiet > "$w/out" 2> "$w/err"
+  fi
   rc=$?
   t1=$(now)
   touch "$w/done"
@@ -72,7 +115,7 @@ for line in open(os.path.join(w, "turn_times")) if os.path.exists(os.path.join(w
     at[int(t)] = float(s)
 lat = ["%.2f" % (at[i + 1] - at[i]) for i in range(n) if i in at and i + 1 in at]
 mem = [int(x) for x in open(os.path.join(w, "mem")).read().split() if x.isdigit()]
-total = os.popen("nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits").read().split()[0]
+total = (os.popen("nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null").read().split() or ["?"])[0]
 db = sqlite3.connect(os.path.join(w, "ks.db"))
 practice, judged = "", "not judged"
 row = db.execute("SELECT evaluation_json FROM attempts WHERE tool='test' AND evaluation_json != '' ORDER BY id DESC LIMIT 1").fetchone()
