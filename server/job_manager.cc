@@ -62,6 +62,24 @@ StatusOr<int64_t> JobManager::Submit(int64_t problem_id, const std::string& conf
   return id;
 }
 
+Status JobManager::Queue(int64_t search_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return FailedPrecondition("the server is shutting down");
+    if (running_.count(search_id) ||
+        std::any_of(queue_.begin(), queue_.end(), [&](const auto& j) { return j->search_id == search_id; }))
+      return FailedPrecondition("search " + std::to_string(search_id) + " is already queued or running");
+    if (static_cast<int>(queue_.size()) >= max_queued_)
+      return ResourceExhausted("the search queue is full (" + std::to_string(max_queued_) +
+                               " waiting); try again later");
+    auto job = std::make_shared<Job>();
+    job->search_id = search_id;
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return Status::Ok();
+}
+
 Status JobManager::Cancel(int64_t search_id) {
   KS_ASSIGN_OR_RETURN(store::SearchRow row, store_->GetSearch(search_id));
   {

@@ -43,6 +43,11 @@ class JobManager {
   // queue is full (nothing is stored then); FailedPrecondition after Shutdown.
   StatusOr<int64_t> Submit(int64_t problem_id, const std::string& config_json);
 
+  // Queues a search the store already holds (a finished one given more rounds:
+  // ContinueSearch). FailedPrecondition while it is queued or running here, or
+  // after Shutdown; ResourceExhausted when the queue is full.
+  Status Queue(int64_t search_id);
+
   // A queued search is marked cancelled at once; a running one is asked to stop
   // (no new model calls, calls in flight aborted) and marked cancelled when its
   // runner returns, which Cancel waits for (at most a minute: an evaluation

@@ -76,6 +76,7 @@ Status Serve(const ServerOptions& o, const PartsFactory& make_parts) {
   deps.make_evaluator = parts.make_evaluator;
   deps.search_base = parts.search_base;
   deps.practice_calls = parts.practice_calls;
+  deps.queue_search = [&jobs](int64_t id) { return jobs.Queue(id); };
   KernelSearchService service(std::move(deps));
 
   grpc::ServerBuilder builder;

@@ -433,10 +433,6 @@ TEST(ServerE2E, AFinishedSearchContinuesWithMoreRounds) {
   const size_t calls_before = h.LlmCallsStarted();
 
   st = call(2, h.token(), &info);
-  if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-      st.error_message().find("cannot continue searches") != std::string::npos)
-    GTEST_SKIP() << "this server does not queue continued searches yet (server.cc sets no "
-                    "ServiceDeps::queue_search: the job manager has no resume of a stored search)";
   ASSERT_TRUE(st.ok()) << st.error_message() << h.Log();
   EXPECT_EQ(info.config().rounds(), 2);
   Watched second = WatchAll(*c, id);
