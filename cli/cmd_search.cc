@@ -345,7 +345,8 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   if (f.generate_only && s.config().implement == "agent")
     return ReportError(FailedPrecondition(
         "search " + std::to_string(s.search_id()) + " implements with an agent (--implement agent), whose compile "
-        "and test tools need the GPU side: run it without --generate-only on a GPU node (or the server there)"));
+        "and test tools need the GPU side: run it without --generate-only on a GPU node, or submit it to "
+        "`kernelsearch serve --evaluator workers`, whose `kernelsearch gpu-worker` processes serve the tools"));
   // Said even with --quiet: what the prompts will claim about the GPU matters.
   for (const auto& note : s.notes()) std::fprintf(stderr, "kernelsearch: %s\n", note.c_str());
   // The GPU side: the reference is computed (or reused) and checked before

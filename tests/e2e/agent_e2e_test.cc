@@ -162,6 +162,7 @@ TEST_F(AgentE2eTest, GenerateOnlyRefusesAnAgentSearchSayingWhy) {
                             "--implement", "agent", "--generate-only", "--gpu", "Fake GPU 1", "--quiet"});
   EXPECT_FALSE(r.Succeeded());
   EXPECT_NE(r.err.find("need the GPU side"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kernelsearch serve --evaluator workers"), std::string::npos) << r.err;  // the route that can
 }
 
 }  // namespace
