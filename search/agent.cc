@@ -7,6 +7,7 @@
 
 #include "evaluator/plan/launch_plan.h"
 #include "search/prompts.h"
+#include "search/slot_key.h"
 
 namespace ks {
 namespace {
@@ -245,6 +246,10 @@ StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
   conv.tools = std::move(text.tools);
   conv.messages.push_back({.role = "user", .text = task.prompt + "\n\n" + text.instructions});
   std::map<std::pair<int, int>, store::AttemptRow> stored;
+  // The model's turns are stored under the implementation's slot, one per turn.
+  KS_ASSIGN_OR_RETURN(const SlotKey implementation, SlotKey::Parse(task.slot));
+  if (implementation.kind != SlotKey::Kind::kImplement)
+    return InvalidArgument("an agent implements under an implementation's slot, not '" + task.slot + "'");
   KS_ASSIGN_OR_RETURN(auto rows, host->StoredAttempts(task.slot));
   for (auto& r : rows) stored[{r.turn, r.call_index}] = std::move(r);
 
@@ -255,7 +260,7 @@ StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
     if (turn >= lim.max_turns) { out.stop = "turns"; break; }
     if (out.tool_calls >= lim.max_tool_calls) { out.stop = "tool calls"; break; }
     if (lim.max_tokens > 0 && out.tokens >= lim.max_tokens) { out.stop = "tokens"; break; }
-    KS_ASSIGN_OR_RETURN(auto reply, host->Converse(conv, fmt::format("{}/t{}", task.slot, turn)));
+    KS_ASSIGN_OR_RETURN(auto reply, host->Converse(conv, implementation.Turn(turn).Format()));
     if (!reply) { out.stop = "refused"; break; }
     ++out.turns;
     out.tokens += reply->tokens_in + reply->tokens_out;

@@ -118,7 +118,8 @@ Status Orchestrator::SearchRun::IdeasTask(int round, int64_t parent) {
   in.num_ideas = config_.ideas;
   in.bank = bank_;
   KS_ASSIGN_OR_RETURN(RenderedPrompt prompt, RenderIdeasPrompt(*o_->deps_.prompts, in));
-  std::string slot = fmt::format("r{}/p{}", round, parent);
+  const SlotKey ideas = SlotKey::Ideas(round, parent);
+  const std::string slot = ideas.Format();
   KS_RETURN_IF_ERROR(RecordBank(slot));
   KS_ASSIGN_OR_RETURN(std::optional<std::string> reply, Call(prompt, "ideas", slot, /*first_pass=*/true));
   if (!reply) return Status::Ok();
@@ -127,7 +128,7 @@ Status Orchestrator::SearchRun::IdeasTask(int round, int64_t parent) {
   int n = std::min<int>(config_.ideas, static_cast<int>(parsed->size()));
   for (int i = 0; i < n; ++i) {
     IdeaRow idea{.search_id = search_id_, .round = round, .parent_candidate = parent,
-                 .text = (*parsed)[i].Text(), .slot_key = fmt::format("{}/i{}", slot, i)};
+                 .text = (*parsed)[i].Text(), .slot_key = ideas.IdeaAt(i).Format()};
     KS_ASSIGN_OR_RETURN(auto existing, store_->FindIdeaBySlot(search_id_, idea.slot_key));
     KS_ASSIGN_OR_RETURN(idea.id, store_->PutIdea(idea));
     if (!existing)
@@ -141,7 +142,7 @@ Status Orchestrator::SearchRun::IdeasTask(int round, int64_t parent) {
 }
 
 Status Orchestrator::SearchRun::ImplementTask(const IdeaRow& idea, std::optional<int64_t> parent, int branch) {
-  std::string slot = fmt::format("r{}/i{}/b{}", idea.round, idea.id, branch);
+  const std::string slot = SlotKey::Implement(idea.round, idea.id, branch).Format();
   KS_ASSIGN_OR_RETURN(auto existing, store_->FindCandidateBySlot(search_id_, slot));
   if (existing) return Status::Ok();
   if (Stopping()) return MarkInterrupted();
@@ -168,7 +169,7 @@ Status Orchestrator::SearchRun::RecordBank(const std::string& slot) {
 }
 
 Status Orchestrator::SearchRun::RepairTask(const CandidateRow& failed) {
-  std::string slot = fmt::format("repair/c{}", failed.id);
+  const std::string slot = SlotKey::Repair(failed.id).Format();
   KS_ASSIGN_OR_RETURN(auto existing, store_->FindCandidateBySlot(search_id_, slot));
   if (existing) return store_->MarkRepairAttempted(failed.id);
   if (Stopping()) return Status::Ok();

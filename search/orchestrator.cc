@@ -216,8 +216,11 @@ StatusOr<std::vector<std::string>> Orchestrator::SearchRun::RoundFailures(int la
     if (!c.plan_json.empty()) ++t[c.round].parsable;
   }
   for (const auto& c : calls) {
-    int r = -1;
-    if (std::sscanf(c.slot_key.c_str(), "r%d/", &r) != 1 || r < 0 || r > last) continue;
+    // Calls of repairs name no round (and are not counted), as before.
+    StatusOr<SlotKey> slot = SlotKey::Parse(c.slot_key);
+    if (!slot.ok() || !slot->Round()) continue;
+    int r = *slot->Round();
+    if (r < 0 || r > last) continue;
     ++t[r].calls;
     if (!c.record.error.empty() && t[r].failed++ == 0) t[r].first_error = c.record.error;
   }
@@ -312,17 +315,18 @@ Status Orchestrator::SearchRun::SubmitFirstPass(const RoundRow& round) {
     if (r == 0 && !config_.seed_source.empty()) {
       IdeaRow idea{.search_id = search_id_, .round = 0, .text = "seed kernel" +
                    (config_.seed_label.empty() ? std::string() : " (" + config_.seed_label + ")"),
-                   .slot_key = "r0/seed"};
+                   .slot_key = SlotKey::SeedIdea().Format()};
       KS_ASSIGN_OR_RETURN(int64_t idea_id, store_->PutIdea(idea));
       CandidateRow c{.search_id = search_id_, .round = 0, .idea_id = idea_id, .source = config_.seed_source,
-                     .plan_json = config_.seed_plan, .kind = CandidateKind::kSeed, .slot_key = "r0/seed/b0"};
+                     .plan_json = config_.seed_plan, .kind = CandidateKind::kSeed,
+                     .slot_key = SlotKey::Seed().Format()};
       KS_ASSIGN_OR_RETURN(auto existing, store_->FindCandidateBySlot(search_id_, c.slot_key));
       KS_ASSIGN_OR_RETURN(int64_t id, store_->PutCandidate(c));
       if (!existing) CandidateStored(id, idea_id, /*pending=*/true);
       return Status::Ok();
     }
     IdeaRow idea{.search_id = search_id_, .round = r, .text = kFirstIdea,
-                 .slot_key = fmt::format("r{}/first", r)};
+                 .slot_key = SlotKey::FirstIdea(r).Format()};
     KS_ASSIGN_OR_RETURN(int64_t idea_id, store_->PutIdea(idea));
     idea.id = idea_id;
     std::lock_guard<std::mutex> lock(mu_);

@@ -33,6 +33,7 @@
 #include "search/agent.h"
 #include "search/prompts.h"
 #include "search/response_parser.h"
+#include "search/slot_key.h"
 #include "store/candidate_hash.h"
 
 namespace ks {
