@@ -263,6 +263,31 @@ void RegisterRemoteCommands(CLI::App& app) {
     });
   }
 
+  {
+    auto* f = new BrowseFlags();
+    auto* rounds = new int(0);
+    CLI::App* sub = app.add_subcommand("continue", "Give a finished search on a server more rounds");
+    sub->add_option("search", f->id, "Search id")->required();
+    sub->add_option("--rounds", *rounds,
+                    "the search's new total of rounds (after round 0): a finished search of 3 rounds given 5 runs "
+                    "rounds 4 and 5")
+        ->required();
+    AddConnOptions(sub, &f->conn);
+    SetAction(sub, [f, rounds] {
+      auto client = Connect(f->conn);
+      if (!client.ok()) return ReportError(client.status());
+      pb::ContinueSearchRequest req;
+      req.set_search_id(f->id);
+      req.set_rounds(*rounds);
+      auto info = (*client)->ContinueSearch(req);
+      if (!info.ok()) return ReportError(info.status());
+      std::printf("search %s queued for rounds up to %d: `kernelsearch watch %s` follows it\n", f->id.c_str(),
+                  *rounds, f->id.c_str());
+      PrintInfo(*info);
+      return kExitOk;
+    });
+  }
+
   CLI::App* remote = app.add_subcommand("remote", "Browse a server's lineage store, or evaluate a kernel there");
   remote->require_subcommand(1);
   {

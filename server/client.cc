@@ -48,6 +48,7 @@ void Client::Prepare(grpc::ClientContext* ctx, bool with_deadline) const {
 KS_CLIENT_UNARY(SubmitProblem, pb::SubmitProblemRequest, pb::SubmitProblemResponse)
 KS_CLIENT_UNARY(StartSearch, pb::StartSearchRequest, pb::StartSearchResponse)
 KS_CLIENT_UNARY(CancelSearch, pb::CancelSearchRequest, pb::SearchInfo)
+KS_CLIENT_UNARY(ContinueSearch, pb::ContinueSearchRequest, pb::SearchInfo)
 KS_CLIENT_UNARY(GetSearch, pb::GetSearchRequest, pb::SearchInfo)
 KS_CLIENT_UNARY(ListSearches, pb::ListSearchesRequest, pb::ListSearchesResponse)
 KS_CLIENT_UNARY(GetBestKernel, pb::GetBestKernelRequest, pb::CandidateDetail)

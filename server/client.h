@@ -33,6 +33,7 @@ class Client {
   StatusOr<::kernelsearch::v1::SubmitProblemResponse> SubmitProblem(const ::kernelsearch::v1::SubmitProblemRequest& r);
   StatusOr<::kernelsearch::v1::StartSearchResponse> StartSearch(const ::kernelsearch::v1::StartSearchRequest& r);
   StatusOr<::kernelsearch::v1::SearchInfo> CancelSearch(const ::kernelsearch::v1::CancelSearchRequest& r);
+  StatusOr<::kernelsearch::v1::SearchInfo> ContinueSearch(const ::kernelsearch::v1::ContinueSearchRequest& r);
   StatusOr<::kernelsearch::v1::SearchInfo> GetSearch(const ::kernelsearch::v1::GetSearchRequest& r);
   StatusOr<::kernelsearch::v1::ListSearchesResponse> ListSearches(const ::kernelsearch::v1::ListSearchesRequest& r);
   StatusOr<::kernelsearch::v1::CandidateDetail> GetBestKernel(const ::kernelsearch::v1::GetBestKernelRequest& r);

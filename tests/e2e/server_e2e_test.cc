@@ -458,6 +458,31 @@ TEST(ServerE2E, AFinishedSearchContinuesWithMoreRounds) {
   EXPECT_EQ(std::set<std::string>(evaluated.begin(), evaluated.end()).size(), evaluated.size());
   // Finished again: a second call with the same total is refused.
   EXPECT_EQ(call(2, h.token(), &info).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // The same through the CLI: `kernelsearch continue`, then `watch` to its end.
+  SubprocessOptions cli;
+  cli.unset_env = {"KS_SERVER_TOKEN"};
+  cli.argv = {KS_CLI_BINARY, "continue", id, "--rounds", "2", "--server", h.address(), "--token-file", h.Path("token")};
+  auto refused = RunSubprocess(cli);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_FALSE(refused->Succeeded());
+  EXPECT_NE(refused->err.find("ran its 2 rounds already"), std::string::npos) << refused->err;
+  cli.argv = {KS_CLI_BINARY, "continue", id, "--rounds", "3", "--server", h.address(), "--token-file", h.Path("token")};
+  auto queued = RunSubprocess(cli);
+  ASSERT_TRUE(queued.ok());
+  ASSERT_TRUE(queued->Succeeded()) << queued->err << h.Log();
+  EXPECT_NE(queued->out.find("search " + id + " queued for rounds up to 3"), std::string::npos) << queued->out;
+  cli.argv = {KS_CLI_BINARY, "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
+  auto watched = RunSubprocess(cli);
+  ASSERT_TRUE(watched.ok());
+  EXPECT_TRUE(watched->Succeeded()) << watched->err;
+  auto after = c->GetSearch([&] {
+    pb::GetSearchRequest g;
+    g.set_search_id(id);
+    return g;
+  }());
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->rounds_done(), rounds_done + 2) << after->DebugString();
 }
 
 // kill -9 mid-search; the restarted server resumes it from the store and
