@@ -16,27 +16,23 @@ class Orchestrator::SearchRun::AgentHostImpl final : public AgentHost {
                                                    const std::string& slot) override {
     SearchRun& r = *run_;
     std::string prompt = ConversationToJson(request).dump();
-    std::string hash = store::PromptHash(request.role, request.system, prompt);
-    KS_ASSIGN_OR_RETURN(auto found, r.store_->FindFinishedLlmCall(r.search_id_, request.role, hash, slot));
-    if (found) {  // a resumed search: this turn was paid for already
-      nlohmann::json j = nlohmann::json::parse(found->record.response, nullptr, /*allow_exceptions=*/false);
-      KS_ASSIGN_OR_RETURN(AssistantReply reply, ReplyFromJson(j));
-      std::lock_guard<std::mutex> lock(r.mu_);
-      ++r.calls_reused_;
-      return std::optional<AssistantReply>(std::move(reply));
-    }
-    if (!r.ReserveCall(/*first_pass=*/true, nullptr)) return std::optional<AssistantReply>();
-    LlmCallRecord record;
-    ConversationRequest sent = request;
-    sent.cancel = r.o_->deps_.cancel;
-    auto reply = r.o_->deps_.llm->Converse(sent, &record);
-    // The stored prompt is what the resume lookup hashes, whatever the backend wrote.
-    record.prompt = prompt;
-    record.system = request.system;
-    if (reply.ok()) record.response = ReplyToJson(*reply).dump();
-    KS_RETURN_IF_ERROR(r.RecordCall(request.role, slot, reply.status(), /*first_pass=*/true, &record));
-    if (!reply.ok()) return std::optional<AssistantReply>();
-    return std::optional<AssistantReply>(std::move(*reply));
+    LedgerEntry entry{.role = request.role, .slot = slot,
+                      .prompt_hash = store::PromptHash(request.role, request.system, prompt), .first_pass = true};
+    return r.ledger_.Call<AssistantReply>(
+        entry,
+        [&](LlmCallRecord* record) {
+          ConversationRequest sent = request;
+          sent.cancel = r.o_->deps_.cancel;
+          auto reply = r.o_->deps_.llm->Converse(sent, record);
+          // The stored prompt is what the resume lookup hashes, whatever the backend wrote.
+          record->prompt = prompt;
+          record->system = request.system;
+          if (reply.ok()) record->response = ReplyToJson(*reply).dump();
+          return reply;
+        },
+        [](const std::string& stored) {
+          return ReplyFromJson(nlohmann::json::parse(stored, nullptr, /*allow_exceptions=*/false));
+        });
   }
 
   StatusOr<Evaluation> Practice(const Candidate& candidate) override {

@@ -238,22 +238,18 @@ StatusOr<std::optional<std::string>> Orchestrator::SearchRun::Call(const Rendere
                                                                   const std::string& role, const std::string& slot,
                                                                   bool first_pass, bool* refused) {
   LlmRequest request = prompt.ToRequest(role);
-  std::string hash = store::PromptHash(role, request.system, request.prompt);
-  KS_ASSIGN_OR_RETURN(auto found, store_->FindFinishedLlmCall(search_id_, role, hash, slot));
-  if (found) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++calls_reused_;
-    return std::optional<std::string>(found->record.response);
-  }
-  if (!ReserveCall(first_pass, refused)) return std::optional<std::string>();
-  LlmCallRecord record;
-  auto reply = o_->deps_.llm->Complete(request, &record);
-  // Backends fill the record; these make it complete whatever the backend did.
-  if (record.prompt.empty()) record.prompt = request.prompt;
-  if (record.system.empty()) record.system = request.system;
-  KS_RETURN_IF_ERROR(RecordCall(role, slot, reply.status(), first_pass, &record));
-  if (!reply.ok()) return std::optional<std::string>();
-  return std::optional<std::string>(*reply);
+  LedgerEntry entry{.role = role, .slot = slot, .prompt_hash = store::PromptHash(role, request.system, request.prompt),
+                    .first_pass = first_pass, .refused = refused};
+  return ledger_.Call<std::string>(
+      entry,
+      [&](LlmCallRecord* record) {
+        auto reply = o_->deps_.llm->Complete(request, record);
+        // Backends fill the record; these make it complete whatever the backend did.
+        if (record->prompt.empty()) record->prompt = request.prompt;
+        if (record->system.empty()) record->system = request.system;
+        return reply;
+      },
+      [](const std::string& stored) { return StatusOr<std::string>(stored); });
 }
 
 bool Orchestrator::SearchRun::ReserveCall(bool first_pass, bool* refused) {
@@ -271,23 +267,24 @@ bool Orchestrator::SearchRun::ReserveCall(bool first_pass, bool* refused) {
   return true;
 }
 
-Status Orchestrator::SearchRun::RecordCall(const std::string& role, const std::string& slot, const Status& status,
-                                           bool first_pass, LlmCallRecord* record) {
-  if (record->role.empty()) record->role = role;
-  if (!status.ok() && record->error.empty()) record->error = status.ToString();
-  if (status.ok()) record->error.clear();
-  KS_RETURN_IF_ERROR(store_->PutLlmCall(search_id_, slot, *record).status());
+void Orchestrator::SearchRun::CallReused() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++calls_reused_;
+}
+
+Status Orchestrator::SearchRun::CallRecorded(const std::string& role, const Status& status, bool first_pass,
+                                             const LlmCallRecord& record) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    spend_.tokens_in += record->tokens_in;
-    spend_.tokens_out += record->tokens_out;
-    spend_.cost_usd += record->cost_usd;
+    spend_.tokens_in += record.tokens_in;
+    spend_.tokens_out += record.tokens_out;
+    spend_.cost_usd += record.cost_usd;
   }
-  Emit({.type = SearchEvent::Type::kLlmCall, .round = round_, .text = role, .error = record->error});
+  Emit({.type = SearchEvent::Type::kLlmCall, .round = round_, .text = role, .error = record.error});
   if (!status.ok() && !Cancelled()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++llm_failed_now_;
-    if (first_llm_error_.empty()) first_llm_error_ = record->error;
+    if (first_llm_error_.empty()) first_llm_error_ = record.error;
   }
   // A call cut short by our own cancel was not really attempted.
   if (!status.ok() && Cancelled() && first_pass) return MarkInterrupted();

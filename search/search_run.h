@@ -31,6 +31,7 @@
 #include "search/orchestrator.h"
 #include "search/kernel_bank.h"
 #include "search/agent.h"
+#include "search/call_ledger.h"
 #include "search/prompts.h"
 #include "search/response_parser.h"
 #include "search/slot_key.h"
@@ -117,10 +118,12 @@ class TaskPool {
 using namespace orchestrator_internal;  // NOLINT: within search/'s orchestrator files only
 
 // One Run() or EvaluatePending() of one search: the state shared by the Run
-// thread and the pool's tasks. mu_ guards every member marked (mu_).
-class Orchestrator::SearchRun {
+// thread and the pool's tasks. mu_ guards every member marked (mu_). Its
+// model calls go through ledger_, which it serves as their budget.
+class Orchestrator::SearchRun final : private CallBudget {
  public:
-  SearchRun(Orchestrator* o, int64_t search_id) : o_(o), store_(o->deps_.store), search_id_(search_id) {}
+  SearchRun(Orchestrator* o, int64_t search_id)
+      : o_(o), store_(o->deps_.store), search_id_(search_id), ledger_(store_, search_id_, this) {}
 
   Status Load();
 
@@ -202,18 +205,21 @@ class Orchestrator::SearchRun {
 
   // ---- model calls ----
 
-  // The reply of a model call: found in the store (a resumed search), or made
-  // and stored. nullopt when the call failed (stored with its error) or was
-  // refused because a budget is spent or the search is stopping (*refused).
+  // The reply of a one-shot model call, through ledger_: found in the store
+  // (a resumed search), or made and stored. nullopt when the call failed
+  // (stored with its error) or was refused because a budget is spent or the
+  // search is stopping (*refused).
   StatusOr<std::optional<std::string>> Call(const RenderedPrompt& prompt, const std::string& role,
                                             const std::string& slot, bool first_pass, bool* refused = nullptr);
 
+  // CallBudget, for ledger_: the search's budgets and call counters.
   // Reserves a model call against the budgets; false (and *refused) when a
   // budget is spent or the search is stopping.
-  bool ReserveCall(bool first_pass, bool* refused);
-  // Stores a finished call (its record completed) and adds up its spend.
-  Status RecordCall(const std::string& role, const std::string& slot, const Status& status, bool first_pass,
-                    LlmCallRecord* record);
+  bool ReserveCall(bool first_pass, bool* refused) override;
+  void CallReused() override;
+  // Adds up a stored call's spend, and counts it when it failed.
+  Status CallRecorded(const std::string& role, const Status& status, bool first_pass,
+                      const LlmCallRecord& record) override;
 
   std::string BudgetSpentLocked() const;
 
@@ -266,6 +272,7 @@ class Orchestrator::SearchRun {
   Orchestrator* const o_;
   store::LineageStore* const store_;
   const int64_t search_id_;
+  CallLedger ledger_;  // every model call of the run
   store::SearchRow search_;
   SearchConfig config_;
   ProblemContext problem_;
