@@ -95,6 +95,7 @@ Status Orchestrator::SearchRun::AgentImplement(const IdeaRow& idea, std::optiona
   task.signature = &problem_.signature;
   task.limits = {config_.agent_turns, config_.agent_tool_calls, config_.agent_tokens};
   task.profile = o_->deps_.practice_evaluator && o_->deps_.practice_evaluator->CanReadCounters();
+  task.prompts = o_->deps_.prompts;  // the search's own prompt library (--prompts, the server's)
   AgentHostImpl host(this);
   StatusOr<AgentOutcome> ran = RunAgent(task, &host);
   // A tool call dropped because the search is stopping (a server's shutdown
