@@ -63,7 +63,7 @@ const std::vector<Expectation>& ScaleCases() {
 }
 
 std::string CasePath(const std::string& name) {
-  return std::string(KS_SOURCE_DIR) + "/tests/adversarial/cases/" + name + ".md";
+  return ks::testing::SourcePath("tests/adversarial/cases/" + name + ".md");
 }
 
 // The candidates of `cases`, in order, from tests/adversarial/cases/.

@@ -23,7 +23,9 @@
 #include "evaluator/evaluation.h"
 #include "store/lineage_store.h"
 #include "tests/evaluator/softmax_kernel.h"
-#include "tests/test_paths.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/skip.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -53,11 +55,8 @@ double RelNorm(const std::string& evaluation_json) {
 }
 
 TEST(AgentGpuTest, ScriptedAgentOnPracticeSetsThenJudgedByTheOrdinaryEvaluation) {
-  std::string why;
-  if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU here: " << why;
-  fs::path dir = fs::temp_directory_path() / ("ks_agent_gpu_test_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  KS_REQUIRE_GPU();
+  ks::testing::TempDir dir("ks_agent_gpu_test_", ks::testing::TempDir::OnFailure::kKeep);
   const std::string db = (dir / "ks.db").string();
   const std::string problem = ks::testing::SourceDir() + "/tests/evaluator/gpu_fixtures/softmax_small.py";
   json turns = json::array({Turn("compile", std::string(kSoftmax) + "\nthis is not CUDA;\n", Plan("x.shape[1]")),
@@ -125,7 +124,6 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
   auto shown = RunSubprocess(show);
   ASSERT_TRUE(shown.ok());
   EXPECT_NE(shown->out.find("correct on practice sets, correct when judged"), std::string::npos) << shown->out;
-  if (!HasFailure()) fs::remove_all(dir);
 }
 
 constexpr const char* kRelu = R"CUDA(
@@ -148,11 +146,8 @@ json ReluPlan(const std::string& floor) {
 // tests a wrong draft and the right one, then submits; each test call's
 // latency is what the model waits (the gap between its turns).
 TEST(AgentGpuTest, AnAgentWorksOnAMultiGigabyteProblemOnOneGpu) {
-  std::string why;
-  if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU here: " << why;
-  fs::path dir = fs::temp_directory_path() / ("ks_agent_big_test_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  KS_REQUIRE_GPU();
+  ks::testing::TempDir dir("ks_agent_big_test_", ks::testing::TempDir::OnFailure::kKeep);
   const std::string db = (dir / "ks.db").string();
   const std::string problem = ks::testing::SourceDir() + "/tests/evaluator/gpu_fixtures/big_relu.py";
   json turns = json::array({Turn("test", kRelu, ReluPlan("-1.0")),  // wrong: negatives pass through partly
@@ -207,7 +202,6 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
               at[1] - at[0], at[2] - at[1], practice->timing->median_ms, (*cands)[0].evaluation->median_ms.value_or(0),
               (*cands)[0].evaluation->speedup_eager.value_or(0));
   EXPECT_LT(at[2] - at[1], 10.0) << "a test call of a ~4 ms kernel should take seconds, not more";
-  if (!HasFailure()) fs::remove_all(dir);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "server/client.h"
 #include "store/lineage_store.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/skip.h"
 
 namespace ks::e2e {
 namespace {
@@ -38,11 +39,6 @@ using store::SearchStatus;
 
 const std::string kBinary = KS_CLI_BINARY;
 const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/tests/search/fixtures/fake_model.sh";
-
-#define REQUIRE_TORCH()                                                              \
-  do {                                                                               \
-    if (!ResolvePython().ok()) GTEST_SKIP() << "no python3 with torch on this machine"; \
-  } while (0)
 
 class FirstHourTest : public ::testing::Test {
  protected:
@@ -86,7 +82,7 @@ class FirstHourTest : public ::testing::Test {
 };
 
 TEST_F(FirstHourTest, GenerateOnlyNeverRunsTheProblemOnData) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   // 80000 x 80000 float32 inputs: 25.6 GB, more than this machine's memory.
   std::string py = Write("huge.py", "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
                                     "        return torch.relu(x)\n\ndef get_inputs():\n"
@@ -185,7 +181,7 @@ TEST_F(FirstHourTest, AModelThatAnswersProseFailsSayingNoKernel) {
 // evaluator checking with the real bridge) stops the search before any model
 // call, recorded failed with the bridge's reason.
 TEST_F(FirstHourTest, ANondeterministicForwardIsStoppedOnTheGpuSide) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   std::string py = Write("noisy.py", "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
                                      "        return x + torch.rand_like(x)\n\ndef get_inputs():\n"
                                      "    return [torch.randn(256)]\n\ndef get_init_inputs():\n    return []\n");
@@ -271,7 +267,7 @@ TEST(FirstHourServer, CancelAnswersOnceStoppedAndNoModelCallStartsAfterIt) {
 }
 
 TEST(FirstHourServer, ADegenerateProblemSubmittedIsStoppedWithTheCliMessage) {
-  if (!ResolvePython().ok()) GTEST_SKIP() << "no python3 with torch on this machine";
+  KS_REQUIRE_TORCH();
   // The fake evaluator stands for the server's GPU: it checks the reference
   // with the real bridge, as the GPU evaluator does while preparing it.
   ServerHarness h({.check_reference = true});

@@ -23,6 +23,7 @@
 #include "server/client.h"
 #include "tests/e2e/gpu_worker_checks.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/skip.h"
 
 namespace ks::e2e {
 namespace {
@@ -151,7 +152,7 @@ TEST(GpuWorkerE2E, SigtermGivesTheLeaseBackAtOnce) {
 }
 
 TEST(GpuWorkerE2E, ADegenerateReferenceOnTheWorkersGpuFailsTheSearchWithTheCliMessage) {
-  if (!ResolvePython().ok()) GTEST_SKIP() << "no python3 with torch on this machine";
+  KS_REQUIRE_TORCH();
   // The workers' scripted evaluator checks the reference with the real bridge,
   // as the GPU evaluator does while preparing it.
   ServerHarness h({.evaluator = "workers", .check_reference = true});

@@ -12,11 +12,13 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
-#include "tests/test_paths.h"
 #include "common/subprocess.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 #include "store/lineage_store.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/skip.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/search/export_check.h"
 
 namespace ks {
@@ -25,11 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(SearchGpuTest, TwoRoundSoftmaxSearchBeatsEagerAndItsExportMatches) {
-  std::string why;
-  if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU here: " << why;
-  fs::path dir = fs::temp_directory_path() / ("ks_search_gpu_test_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  KS_REQUIRE_GPU();
+  ks::testing::TempDir dir("ks_search_gpu_test_", ks::testing::TempDir::OnFailure::kKeep);
   const std::string db = (dir / "ks.db").string();
   const std::string problem = ks::testing::SourceDir() + "/tests/evaluator/gpu_fixtures/softmax_small.py";
   const std::string transcript = ks::testing::SourceDir() + "/tests/e2e/fixtures/softmax_search.jsonl";
@@ -89,7 +88,6 @@ TEST(SearchGpuTest, TwoRoundSoftmaxSearchBeatsEagerAndItsExportMatches) {
   std::printf("%s", r->out.c_str());
   ASSERT_TRUE(r->Succeeded()) << r->Describe() << "\n" << r->err;
   EXPECT_NE(r->out.find("EXPORT_MATCHES"), std::string::npos) << r->out;
-  fs::remove_all(dir);
 }
 
 }  // namespace

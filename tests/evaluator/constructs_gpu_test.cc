@@ -14,7 +14,7 @@ namespace {
 using ks::testing::EvalOne;
 using ks::testing::EvaluatorFor;
 
-std::string Fixture(const std::string& name) { return std::string(KS_SOURCE_DIR) + "/tests/evaluator/fixtures/" + name; }
+std::string Fixture(const std::string& name) { return ks::testing::CpuFixture(name); }
 
 // mixed_kinds.py: y = x.masked_fill(mask, 0) + labels[:, None]; outputs
 // (argmax(y, 1) int64, mean(clamp(margin - 0.1 y, 0)) 0-dim, labels * 2 int32).

@@ -20,11 +20,6 @@ using ks::testing::EvalOne;
 using ks::testing::EvaluatorFor;
 using ks::testing::GpuFixture;
 
-#define KS_REQUIRE_NCU()                                                          \
-  do {                                                                            \
-    if (FindNcu().empty()) GTEST_SKIP() << "no ncu (Nsight Compute) on this machine"; \
-  } while (0)
-
 // The counters of one correct candidate; fails the test when they are missing.
 CounterReport Profile(GpuEvaluator* ev, const std::string& source, const std::string& plan, Evaluation* e) {
   *e = EvalOne(ev, source, plan);

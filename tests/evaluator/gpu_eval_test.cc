@@ -15,6 +15,7 @@
 #include "evaluator/roofline.h"
 #include "tests/evaluator/gpu_test_util.h"
 #include "tests/evaluator/softmax_kernel.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -220,11 +221,8 @@ extern "C" __global__ void __launch_bounds__(128) scale(const float* x, float* o
 TEST(GpuEvalTest, AResidentReferenceIsMappedNotWritten) {
   KS_REQUIRE_GPU();
   namespace fs = std::filesystem;
-  std::string tmpl = ::testing::TempDir() + "/ks_resident_XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  ASSERT_NE(mkdtemp(buf.data()), nullptr);
-  const std::string cache = buf.data();
+  ks::testing::TempDir cache_dir("ks_resident_");
+  const std::string cache = cache_dir.string();
   ReferenceOptions ro;
   ro.sets = 2;
   ro.device = "cuda";
@@ -272,8 +270,6 @@ TEST(GpuEvalTest, AResidentReferenceIsMappedNotWritten) {
   }
   // Evaluator and references gone: the bridge has exited and been reaped.
   EXPECT_NE(kill(bridge_pid, 0), 0);
-  std::error_code ec;
-  fs::remove_all(cache, ec);
 }
 
 TEST(GpuEvalTest, AMultiGigabyteProblemRuns) {

@@ -1,5 +1,6 @@
-// Shared by the gpu-labelled tests: skip without a GPU, and one GpuEvaluator per
-// problem fixture for the whole test binary (its reference is computed once).
+// Shared by the gpu-labelled tests: one GpuEvaluator per problem fixture for the
+// whole test binary (its reference is computed once); the skip macros and the
+// source tree's paths come from tests/testing/.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,22 +12,18 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/skip.h"
 
 namespace ks::testing {
 
-#define KS_REQUIRE_GPU()                                                        \
-  do {                                                                          \
-    std::string why_;                                                           \
-    if (!::ks::GpuAvailable(&why_)) GTEST_SKIP() << "no GPU here: " << why_;    \
-  } while (0)
-
 inline std::string GpuFixture(const std::string& name) {
-  return std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/" + name;
+  return SourcePath("tests/evaluator/gpu_fixtures/" + name);
 }
 
 // A problem the CPU tests also use (tests/evaluator/fixtures/), one copy for both.
 inline std::string CpuFixture(const std::string& name) {
-  return std::string(KS_SOURCE_DIR) + "/tests/evaluator/fixtures/" + name;
+  return SourcePath("tests/evaluator/fixtures/" + name);
 }
 
 // The evaluator for a fixture problem, created on first use. Asserts on failure.

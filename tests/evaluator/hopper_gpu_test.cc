@@ -20,13 +20,6 @@ using ks::testing::EvalOne;
 using ks::testing::EvaluatorFor;
 using ks::testing::GpuFixture;
 
-#define KS_REQUIRE_HOPPER(ev)                                                                         \
-  do {                                                                                                \
-    KS_REQUIRE_GPU();                                                                                 \
-    ASSERT_NE(ev, nullptr);                                                                           \
-    if ((ev)->device_info().sm_major < 9) GTEST_SKIP() << "TMA and wgmma need compute capability 9.0"; \
-  } while (0)
-
 std::string Fixture(const std::string& name) {
   auto text = ReadFile(GpuFixture(name));
   EXPECT_TRUE(text.ok()) << text.status().ToString();
@@ -34,7 +27,7 @@ std::string Fixture(const std::string& name) {
 }
 
 std::string Bench(const std::string& name) {
-  auto text = ReadFile(std::string(KS_SOURCE_DIR) + "/bench/hopper/" + name);
+  auto text = ReadFile(ks::testing::SourcePath("bench/hopper/" + name));
   EXPECT_TRUE(text.ok()) << text.status().ToString();
   return text.ok() ? *text : "";
 }

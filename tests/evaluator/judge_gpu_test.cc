@@ -149,7 +149,7 @@ TEST(JudgeGpuTest, A1xTf32GemmIsIncorrectUnderHighestAndCorrectUnderHigh) {
 
 TEST(JudgeGpuTest, HalfPrecisionArithmeticIsCorrectUnderKernelBenchOnly) {
   KS_REQUIRE_GPU();
-  auto half = LoadCandidateFiles(std::string(KS_SOURCE_DIR) + "/tests/adversarial/cases/15_half_precision.md", "");
+  auto half = LoadCandidateFiles(ks::testing::SourcePath("tests/adversarial/cases/15_half_precision.md"), "");
   ASSERT_TRUE(half.ok()) << half.status().ToString();
   for (const char* contract : {"highest", "high", "medium", "kernelbench"}) {
     GpuEvaluator* ev = EvaluatorFor(GpuFixture("scale.py"), 3, 3, 60, contract);

@@ -24,45 +24,21 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/skip.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ks::testing::TempDir;
 using ::testing::Not;
 
-const std::string kFixtures = KS_SOURCE_DIR "/tests/evaluator/fixtures/";
+const std::string kFixtures = ks::testing::SourcePath("tests/evaluator/fixtures/");
 
 std::string Fixture(const std::string& name) { return kFixtures + name; }
-
-#define REQUIRE_TORCH()                                                                       \
-  do {                                                                                        \
-    auto py_ = ResolvePython();                                                               \
-    if (!py_.ok()) GTEST_SKIP() << "no python3 with torch here: " << py_.status().message(); \
-  } while (0)
-
-// A fresh directory per call, removed by the test's end.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = testing::TempDir() + "/ks_problem_test_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    KS_CHECK(mkdtemp(buf.data()) != nullptr);
-    path_ = fs::path(buf.data()).lexically_normal().string();  // TempDir() ends in '/'; paths we get back do not
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::vector<float> ReadFloats(const ReferenceData& d, int set, const std::string& name) {
   auto path = d.FilePath(set, name);
@@ -88,17 +64,17 @@ TEST(DataFileTest, FindsTheBridgeInTheSourceTree) {
 
 TEST(DataFileTest, KsDataDirIsTheOnlyPlaceLookedAtWhenSet) {
   TempDir dir;
-  fs::create_directories(fs::path(dir.path()) / "reference");
-  ASSERT_TRUE(WriteFile(dir.path() + "/reference/bridge.py", "# stand-in\n").ok());
-  setenv("KS_DATA_DIR", dir.path().c_str(), 1);
+  fs::create_directories(fs::path(dir.string()) / "reference");
+  ASSERT_TRUE(WriteFile(dir.string() + "/reference/bridge.py", "# stand-in\n").ok());
+  setenv("KS_DATA_DIR", dir.string().c_str(), 1);
   auto found = FindDataFile("reference/bridge.py");
   auto missing = FindDataFile("reference/timing.py");
   unsetenv("KS_DATA_DIR");
   ASSERT_TRUE(found.ok()) << found.status().message();
-  EXPECT_EQ(*found, dir.path() + "/reference/bridge.py");
+  EXPECT_EQ(*found, dir.string() + "/reference/bridge.py");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), Code::kNotFound);
-  EXPECT_THAT(missing.status().message(), HasSubstr(dir.path() + "/reference/timing.py"));
+  EXPECT_THAT(missing.status().message(), HasSubstr(dir.string() + "/reference/timing.py"));
 }
 
 TEST(PythonTest, ExplicitInterpreterWithoutTorchIsAnEnvironmentError) {
@@ -110,7 +86,7 @@ TEST(PythonTest, ExplicitInterpreterWithoutTorchIsAnEnvironmentError) {
 }
 
 TEST(PythonTest, ResolvedInterpreterImportsTorch) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto r = ResolvePython();
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->torch_version.empty());
@@ -125,7 +101,7 @@ TEST(PythonTest, ResolvedInterpreterImportsTorch) {
 // with the probe that imports torch: the same device, CUDA or not, and the
 // same torch release.
 TEST(PythonTest, QuickProbeAgreesWithTorch) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto full = ResolvePython();
   ASSERT_TRUE(full.ok());
   auto script = FindDataFile("reference/probe.py");
@@ -150,7 +126,7 @@ TEST(PythonTest, QuickProbeAgreesWithTorch) {
 // ---- Signatures ---------------------------------------------------------------------
 
 TEST(SignatureTest, MatmulWithMetadata) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto s = LoadProblemSignature(Fixture("matmul.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->name, "matmul");
@@ -174,7 +150,7 @@ TEST(SignatureTest, MatmulWithMetadata) {
 }
 
 TEST(SignatureTest, ParametersAndBuffersByStateDictKey) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto s = LoadProblemSignature(Fixture("conv_params.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_FALSE(s->tolerance.has_value());
@@ -193,7 +169,7 @@ TEST(SignatureTest, ParametersAndBuffersByStateDictKey) {
 }
 
 TEST(SignatureTest, TupleOutputsAreNumbered) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto s = LoadProblemSignature(Fixture("two_outputs.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   ASSERT_EQ(s->outputs.size(), 2u);
@@ -205,7 +181,7 @@ TEST(SignatureTest, TupleOutputsAreNumbered) {
 }
 
 TEST(SignatureTest, ScalarInputsCarryTheirValues) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto s = LoadProblemSignature(Fixture("scalar_input.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   ASSERT_EQ(s->inputs.size(), 3u);
@@ -221,7 +197,7 @@ TEST(SignatureTest, ScalarInputsCarryTheirValues) {
 }
 
 TEST(SignatureTest, ProblemPrintsDoNotCorruptTheAnswer) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto s = LoadProblemSignature(Fixture("noisy_constant.py"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->outputs[0].shape, (std::vector<int64_t>{10, 3}));
@@ -237,7 +213,7 @@ nlohmann::json BridgeSignature(const std::string& file) {
   auto py = ResolvePython();
   KS_CHECK(py.ok());
   SubprocessOptions o;
-  o.argv = {py->python, KS_SOURCE_DIR "/evaluator/reference/bridge.py", "signature", file};
+  o.argv = {py->python, ks::testing::SourcePath("evaluator/reference/bridge.py"), "signature", file};
   o.timeout_s = 300;
   auto r = RunSubprocess(o);
   KS_CHECK(r.ok());
@@ -248,7 +224,7 @@ nlohmann::json BridgeSignature(const std::string& file) {
 // machine class has far less, so a signature that ran it would fail or be
 // killed. It must come back quickly, from shapes only.
 TEST(MetaSignatureTest, ProblemLargerThanMemoryGetsItsSignatureWithoutRunning) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto t0 = std::chrono::steady_clock::now();
   auto s = LoadProblemSignature(Fixture("huge_shapes.py"));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -273,7 +249,7 @@ TEST(MetaSignatureTest, ProblemLargerThanMemoryGetsItsSignatureWithoutRunning) {
 // agree with PyTorch's (dilation, padding, ceil_mode), and `.cuda()` in forward
 // must not force a real run on a machine without a GPU.
 TEST(MetaSignatureTest, MaxPool3dOverA32GiBInputUsesTheShapeRule) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto j = BridgeSignature(Fixture("huge_pool3d.py"));
   ASSERT_TRUE(j.is_object() && !j.contains("error")) << j.dump();
   EXPECT_EQ(j.value("inferred_by", ""), "meta");
@@ -284,7 +260,7 @@ TEST(MetaSignatureTest, MaxPool3dOverA32GiBInputUsesTheShapeRule) {
 }
 
 TEST(MetaSignatureTest, DataDependentShapesFallBackToARealForward) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto j = BridgeSignature(Fixture("data_dependent.py"));
   ASSERT_TRUE(j.is_object() && !j.contains("error")) << j.dump();
   EXPECT_EQ(j.value("inferred_by", ""), "forward on cpu");
@@ -296,7 +272,7 @@ TEST(MetaSignatureTest, DataDependentShapesFallBackToARealForward) {
 // `problem info` (and `compile`, through the same LoadProblemSignature) is what
 // a user runs on a CPU machine: it answers for the 32 GiB problem.
 TEST(MetaSignatureTest, ProblemInfoAnswersForAHugeProblem) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   SubprocessResult info = RunCli({"problem", "info", Fixture("huge_shapes.py")});
   ASSERT_EQ(info.exit_code, 0) << info.err;
   EXPECT_THAT(info.out, ::testing::ContainsRegex("input +x +float32 +\\[8192, 1048576\\]"));
@@ -312,7 +288,7 @@ struct BadCase {
 class BadProblemTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadProblemTest, ClearMessageNamingFileAndCause) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   const BadCase& c = GetParam();
   auto s = LoadProblemSignature(Fixture(c.file));
   ASSERT_FALSE(s.ok()) << c.file << " was accepted";
@@ -343,7 +319,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(BadProblemVerboseTest, VerboseAddsTheTracebackTail) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   BridgeOptions o;
   o.verbose = true;
   auto s = LoadProblemSignature(Fixture("bad_get_inputs_raises.py"), o);
@@ -364,9 +340,9 @@ ReferenceOptions CpuOptions(const std::string& cache, int sets = 2, uint64_t see
 }
 
 TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_FALSE(d->from_cache);
   EXPECT_EQ(d->device, "cpu");
@@ -376,7 +352,7 @@ TEST(ReferenceTest, CpuSetsHaveRightSizesDifferAndMatchTheOperator) {
   ASSERT_EQ(d->sets.size(), 6u);  // and one distribution-shifted set per transform (ShiftedSetsTest)
   EXPECT_EQ(d->sets[0].seed, 43u);
   EXPECT_EQ(d->sets[1].seed, 44u);
-  EXPECT_THAT(d->dir, HasSubstr(cache.path()));
+  EXPECT_THAT(d->dir, HasSubstr(cache.string()));
   EXPECT_TRUE(fs::exists(fs::path(d->dir) / "manifest.json"));
 
   for (int set = 0; set < 2; ++set) {
@@ -424,9 +400,9 @@ std::vector<float> Matmul(const std::vector<float>& a, const std::vector<float>&
 }
 
 TEST(ShiftedSetsTest, EachTransformOfSetZeroWithPyTorchsOwnOutput) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   ASSERT_EQ(d->transforms.size(), 4u);
   const char* names[] = {"scale_up", "scale_down", "sign_flip", "outliers"};
@@ -468,9 +444,9 @@ TEST(ShiftedSetsTest, EachTransformOfSetZeroWithPyTorchsOwnOutput) {
 }
 
 TEST(ShiftedSetsTest, EachShiftedSetMeasuresPyTorchsOwnRounding) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   ASSERT_EQ(d->transforms.size(), 4u);
   ASSERT_TRUE(d->signature.reference_error.count("out"));
@@ -487,9 +463,9 @@ TEST(ShiftedSetsTest, EachShiftedSetMeasuresPyTorchsOwnRounding) {
 }
 
 TEST(ShiftedSetsTest, ATransformOutsideTheOperatorsDomainIsDroppedWithANote) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("log_positive.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("log_positive.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_EQ(d->JudgingSets(), 2);
   ASSERT_EQ(d->transforms.size(), 4u);
@@ -507,9 +483,9 @@ TEST(ShiftedSetsTest, ATransformOutsideTheOperatorsDomainIsDroppedWithANote) {
 }
 
 TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("scale_only_transforms.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("scale_only_transforms.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   ASSERT_EQ(d->sets.size(), 3u);
   EXPECT_EQ(d->sets[2].transform, "scale_down");
@@ -523,11 +499,11 @@ TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
   EXPECT_EQ(*ReadFile(*y0), *ReadFile(*y2));
 
   // INPUT_TRANSFORMS = []: none at all.
-  const std::string off = cache.path() + "/transforms_off.py";
+  const std::string off = cache.string() + "/transforms_off.py";
   std::string text = *ReadFile(Fixture("scale_only_transforms.py"));
   text.replace(text.find("[\"scale_down\"]"), 14, "[]");
   ASSERT_TRUE(WriteFile(off, text).ok());
-  auto none = PrepareReference(off, CpuOptions(cache.path()));
+  auto none = PrepareReference(off, CpuOptions(cache.string()));
   ASSERT_TRUE(none.ok()) << none.status().message();
   EXPECT_EQ(none->sets.size(), 2u);
   ASSERT_EQ(none->transforms.size(), 4u);
@@ -535,9 +511,9 @@ TEST(ShiftedSetsTest, TheProblemNarrowsThemAndIntegerInputsStayAsTheyAre) {
 }
 
 TEST(ShiftedSetsTest, AShiftedSetCarriesItsOwnTransformedWeights) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("linear_weights.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("linear_weights.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   ASSERT_EQ(d->sets.size(), 6u);
   for (int s = 0; s < d->JudgingSets(); ++s) EXPECT_TRUE(d->sets[s].own_parameters.empty());
@@ -558,18 +534,18 @@ TEST(ShiftedSetsTest, AShiftedSetCarriesItsOwnTransformedWeights) {
   for (size_t i = 0; i < w0->size() / 4; i += 97) EXPECT_FLOAT_EQ(b[i], a[i] * 1e5f) << i;
 
   // PARAMETER_TRANSFORMS = []: the weights are every set's one copy.
-  const std::string inputs_only = cache.path() + "/linear_weights_inputs_only.py";
+  const std::string inputs_only = cache.string() + "/linear_weights_inputs_only.py";
   ASSERT_TRUE(WriteFile(inputs_only, *ReadFile(Fixture("linear_weights.py")) + "\nPARAMETER_TRANSFORMS = []\n").ok());
-  auto kept = PrepareReference(inputs_only, CpuOptions(cache.path()));
+  auto kept = PrepareReference(inputs_only, CpuOptions(cache.string()));
   ASSERT_TRUE(kept.ok()) << kept.status().message();
   for (const auto& set : kept->sets) EXPECT_TRUE(set.own_parameters.empty());
   for (const auto& t : kept->transforms) EXPECT_THAT(t.note, HasSubstr("PARAMETER_TRANSFORMS"));
 }
 
 TEST(ShapeVariantsTest, EachDeclaredShapeGetsAReferenceOfItsOwn) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("rowsum_shapes.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("rowsum_shapes.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_EQ(d->signature.inputs[0].shape, (std::vector<int64_t>{64, 256}));
   ASSERT_EQ(d->shape_variant_count, 2);
@@ -595,29 +571,29 @@ TEST(ShapeVariantsTest, EachDeclaredShapeGetsAReferenceOfItsOwn) {
     }
   }
   // A KernelBench-style problem declares none.
-  auto one = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto one = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->shape_variant_count, 0);
   EXPECT_TRUE(one->shape_variants.empty());
 }
 
 TEST(ShapeVariantsTest, AVariantWithOtherDtypesIsRefusedNamingIt) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  const std::string bad = cache.path() + "/bad_variant.py";
+  const std::string bad = cache.string() + "/bad_variant.py";
   std::string text = *ReadFile(Fixture("rowsum_shapes.py"));
   text.replace(text.find("torch.randn(130, 33)"), 20, "torch.randn(130, 33).double()");
   ASSERT_TRUE(WriteFile(bad, text).ok());
-  auto d = PrepareReference(bad, CpuOptions(cache.path()));
+  auto d = PrepareReference(bad, CpuOptions(cache.string()));
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
   EXPECT_THAT(d.status().message(), HasSubstr("get_inputs_variants()[1]"));
 }
 
 TEST(ShiftedSetsTest, NoRoomLeavesThemOutButKeepsTheJudgingSets) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  ReferenceOptions o = CpuOptions(cache.path(), 2);
+  ReferenceOptions o = CpuOptions(cache.string(), 2);
   constexpr uint64_t kSet = (64 * 32 + 32 * 48 + 64 * 48) * 4;
   o.cache_cap = 3 * kSet + kSet / 2;  // two judging sets and one shifted one
   auto d = PrepareReference(Fixture("matmul.py"), o);
@@ -639,30 +615,30 @@ TEST(ShiftedSetsTest, NoRoomLeavesThemOutButKeepsTheJudgingSets) {
 }
 
 TEST(ReferenceTest, ParametersAreSharedAndSeeded) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache1, cache2;
-  auto d = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache1.path()));
+  auto d = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache1.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_EQ(*d->FilePath(0, "conv.weight"), *d->FilePath(1, "conv.weight"));
   EXPECT_NE(*d->FilePath(0, "x"), *d->FilePath(1, "x"));
   // The same seed reproduces the weights bit for bit; another seed does not.
-  auto same = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache2.path()));
+  auto same = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache2.string()));
   ASSERT_TRUE(same.ok()) << same.status().message();
   EXPECT_FALSE(same->from_cache);
   EXPECT_EQ(ReadFloats(*d, 0, "conv.weight"), ReadFloats(*same, 0, "conv.weight"));
   EXPECT_EQ(ReadFloats(*d, 1, "x"), ReadFloats(*same, 1, "x"));
-  auto other = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache2.path(), 2, 7));
+  auto other = PrepareReference(Fixture("conv_params.py"), CpuOptions(cache2.string(), 2, 7));
   ASSERT_TRUE(other.ok()) << other.status().message();
   EXPECT_NE(ReadFloats(*d, 0, "conv.weight"), ReadFloats(*other, 0, "conv.weight"));
   EXPECT_NE(d->dir, other->dir);
 }
 
 TEST(ReferenceTest, CompleteEntriesAreReusedAndDamagedOnesRecomputed) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(first.ok()) << first.status().message();
-  auto second = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto second = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_TRUE(second->from_cache);
   EXPECT_EQ(second->dir, first->dir);
@@ -671,20 +647,20 @@ TEST(ReferenceTest, CompleteEntriesAreReusedAndDamagedOnesRecomputed) {
   std::string out_path = *first->FilePath(0, "out");
   fs::resize_file(out_path, 100);
   EXPECT_FALSE(LoadReferenceDir(first->dir).ok());
-  auto third = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto third = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(third.ok()) << third.status().message();
   EXPECT_FALSE(third->from_cache);
   EXPECT_EQ(static_cast<int64_t>(fs::file_size(*third->FilePath(0, "out"))), 64 * 48 * 4);
 
   // No temporary directories are left behind.
-  for (const auto& e : fs::directory_iterator(cache.path()))
+  for (const auto& e : fs::directory_iterator(cache.string()))
     EXPECT_THAT(e.path().filename().string(), Not(HasSubstr(".tmp"))) << e.path();
 }
 
 TEST(ReferenceTest, ScalarsAndBfloat16) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("scalar_input.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("scalar_input.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   ASSERT_EQ(d->scalars.size(), 2u);
   EXPECT_DOUBLE_EQ(d->scalars.at("alpha"), 0.5);
@@ -695,21 +671,21 @@ TEST(ReferenceTest, ScalarsAndBfloat16) {
 }
 
 TEST(ReferenceTest, BadProblemIsInvalidArgumentAndLeavesNoEntry) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("bad_forward_raises.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("bad_forward_raises.py"), CpuOptions(cache.string()));
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
   EXPECT_THAT(d.status().message(), HasSubstr("forward() raised"));
-  EXPECT_TRUE(fs::is_empty(cache.path()));
+  EXPECT_TRUE(fs::is_empty(cache.string()));
 }
 
 TEST(ReferenceGpuTest, CudaReferenceIsTimedEagerAndCompiled) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto py = ResolvePython();
   if (!py->cuda) GTEST_SKIP() << py->python << " (torch " << py->torch_version << ") sees no CUDA device";
   TempDir cache;
-  ReferenceOptions o = CpuOptions(cache.path());
+  ReferenceOptions o = CpuOptions(cache.string());
   o.device = "cuda";
   o.time = true;
   auto d = PrepareReference(Fixture("conv_params.py"), o);
@@ -735,9 +711,9 @@ TEST(ReferenceGpuTest, CudaReferenceIsTimedEagerAndCompiled) {
 // ---- Degenerate references ----------------------------------------------------------------
 
 TEST(DegenerateTest, AllZerosOutputIsFlagged) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("all_zeros.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("all_zeros.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   ASSERT_FALSE(d->warnings.empty());
   EXPECT_THAT(d->warnings[0], HasSubstr("'out'"));
@@ -750,7 +726,7 @@ TEST(DegenerateTest, AllZerosOutputIsFlagged) {
 }
 
 TEST(DegenerateTest, ConstantOutputIsFlaggedAndAGoodProblemIsNot) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   auto c = CheckProblem(Fixture("noisy_constant.py"));
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_THAT(*c, ::testing::Contains(HasSubstr("constant")));
@@ -762,7 +738,7 @@ TEST(DegenerateTest, ConstantOutputIsFlaggedAndAGoodProblemIsNot) {
 // Issue 14, item 4: outputs the element-wise tolerance barely tests are noted,
 // with the share, but not refused (the norm rules still judge them).
 TEST(DegenerateTest, NearDegenerateOutputsAreNotedWithTheShare) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   std::vector<std::string> notes;
   auto small = CheckProblem(Fixture("mostly_small.py"), {}, "auto", 42, &notes);
   ASSERT_TRUE(small.ok()) << small.status().message();
@@ -853,9 +829,9 @@ std::vector<double> BlockRowSums(const std::vector<float>& x, int rows, int n, f
 std::vector<double> AsDoubles(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 TEST(RoundingTest, CancellingSumHonestOtherOrderPassesOnlyWithTheMeasuredRounding) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   const TensorSpec* out = d->signature.Find("out");
   ASSERT_NE(out, nullptr);
@@ -887,7 +863,7 @@ TEST(RoundingTest, CancellingSumHonestOtherOrderPassesOnlyWithTheMeasuredRoundin
     }
   }
   // Kept with the reference: a cached entry has it too.
-  auto again = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.path()));
+  auto again = PrepareReference(Fixture("cancelling_sum.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(again.ok()) << again.status().message();
   EXPECT_TRUE(again->from_cache);
   ASSERT_EQ(again->signature.reference_error.count("out"), 1u);
@@ -912,9 +888,9 @@ std::vector<double> MatmulWith(const std::vector<float>& a, const std::vector<fl
 }
 
 TEST(RoundingTest, LowerPrecisionStillFailsOnAnOrdinaryProblem) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   const TensorSpec* out = d->signature.Find("out");
   ASSERT_EQ(d->signature.reference_error.count("out"), 1u);
@@ -974,15 +950,15 @@ TEST(RoundingTest, WideningRuleAndItsLimits) {
 }
 
 TEST(RoundingTest, Float64RunThatFailsIsANoteNotAnError) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
   // forward casts to float32 itself: no float64 result to compare with.
-  auto d = PrepareReference(Fixture("noisy_constant.py"), CpuOptions(cache.path()));
+  auto d = PrepareReference(Fixture("noisy_constant.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(d.ok()) << d.status().message();
   EXPECT_TRUE(d->signature.reference_error.empty());
   EXPECT_THAT(::testing::PrintToString(d->notes), HasSubstr("PyTorch's output is its reference"));
   // forward raises in float64 (an op without a float64 kernel).
-  auto f = PrepareReference(Fixture("float32_only.py"), CpuOptions(cache.path()));
+  auto f = PrepareReference(Fixture("float32_only.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_TRUE(f->signature.reference_error.empty());
   EXPECT_THAT(::testing::PrintToString(f->notes), HasSubstr("failed (TypeError: float32 only)"));
@@ -995,12 +971,12 @@ TEST(RoundingTest, Float64RunThatFailsIsANoteNotAnError) {
 constexpr uint64_t kMatmulSetBytes = (64 * 32 + 32 * 48 + 64 * 48) * 4;
 
 TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
   // Room for two entries of two judging and four distribution-shifted sets
   // (plus manifests), not three.
   auto opts = [&](uint64_t seed) {
-    ReferenceOptions o = CpuOptions(cache.path(), 2, seed);
+    ReferenceOptions o = CpuOptions(cache.string(), 2, seed);
     o.cache_cap = 13 * kMatmulSetBytes;
     return o;
   };
@@ -1016,7 +992,7 @@ TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
   EXPECT_EQ(c->evicted, std::vector<std::string>{fs::path(b->dir).filename().string()});
   EXPECT_TRUE(fs::exists(a->dir));
   EXPECT_FALSE(fs::exists(b->dir));
-  auto usage = ReadCacheUsage(cache.path());
+  auto usage = ReadCacheUsage(cache.string());
   ASSERT_TRUE(usage.ok()) << usage.status().message();
   EXPECT_EQ(usage->entries.size(), 2u);
   EXPECT_LE(usage->entry_bytes, 13 * kMatmulSetBytes);
@@ -1024,9 +1000,9 @@ TEST(CacheTest, TheCapEvictsTheLeastRecentlyUsedEntry) {
 }
 
 TEST(CacheTest, SetsBeyondTheCapAreNotPreparedAndTheWarningSaysWhy) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  ReferenceOptions o = CpuOptions(cache.path(), 3);
+  ReferenceOptions o = CpuOptions(cache.string(), 3);
   o.cache_cap = 2 * kMatmulSetBytes + kMatmulSetBytes / 2;
   auto r = PrepareReference(Fixture("matmul.py"), o);
   ASSERT_TRUE(r.ok()) << r.status().message();
@@ -1047,9 +1023,9 @@ TEST(CacheTest, SetsBeyondTheCapAreNotPreparedAndTheWarningSaysWhy) {
 }
 
 TEST(CacheTest, SetsBeyondTheGpuBudgetAreNotPrepared) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  ReferenceOptions o = CpuOptions(cache.path(), 4);
+  ReferenceOptions o = CpuOptions(cache.string(), 4);
   // GpuEvaluator: the arena holds one set (inputs, outputs); per set, the
   // inputs' pristine copy and the reference outputs.
   const uint64_t in = (64 * 32 + 32 * 48) * 4, out = 64 * 48 * 4;
@@ -1062,9 +1038,9 @@ TEST(CacheTest, SetsBeyondTheGpuBudgetAreNotPrepared) {
 }
 
 TEST(CacheTest, PracticeSetsFollowTheJudgingSetsAndAreKeptWhereRoomIsShort) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  ReferenceOptions o = CpuOptions(cache.path(), 3);
+  ReferenceOptions o = CpuOptions(cache.string(), 3);
   o.practice_sets = 1;
   o.practice_seed = 1042;
   auto r = PrepareReference(Fixture("matmul.py"), o);
@@ -1076,7 +1052,7 @@ TEST(CacheTest, PracticeSetsFollowTheJudgingSetsAndAreKeptWhereRoomIsShort) {
   ASSERT_GT(r->sets.size(), 4u);  // the shifted sets follow
   for (size_t s = 4; s < r->sets.size(); ++s) EXPECT_FALSE(r->sets[s].transform.empty()) << s;
   // Another entry than the reference without practice sets (its own key).
-  auto plain = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path(), 3));
+  auto plain = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string(), 3));
   ASSERT_TRUE(plain.ok()) << plain.status().message();
   EXPECT_NE(plain->dir, r->dir);
   EXPECT_TRUE(plain->PracticeSets().empty());
@@ -1097,28 +1073,28 @@ TEST(CacheTest, PracticeSetsFollowTheJudgingSetsAndAreKeptWhereRoomIsShort) {
 }
 
 TEST(CacheTest, TemporaryDirectoriesOfKilledRunsAreRemoved) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
   pid_t dead = fork();
   if (dead == 0) _exit(0);
   ASSERT_GT(dead, 0);
   int status = 0;
   ASSERT_EQ(waitpid(dead, &status, 0), dead);
-  const fs::path stale = fs::path(cache.path()) / (".tmp-matmul-" + std::to_string(dead) + "-0");
-  const fs::path live = fs::path(cache.path()) / (".tmp-matmul-" + std::to_string(getpid()) + "-99");
+  const fs::path stale = fs::path(cache.string()) / (".tmp-matmul-" + std::to_string(dead) + "-0");
+  const fs::path live = fs::path(cache.string()) / (".tmp-matmul-" + std::to_string(getpid()) + "-99");
   fs::create_directories(stale / "set0");
   fs::create_directories(live);
   ASSERT_TRUE(WriteFile((stale / "set0" / "x.bin").string(), std::string(4096, 'x')).ok());
-  auto r = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto r = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));  // a run in progress (this process) is left alone
 }
 
 TEST(CacheTest, PhasesSayWhereThePreparationWentAndACacheHitSaysSo) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto first = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(first.ok()) << first.status().message();
   std::vector<std::string> names;
   for (const auto& [name, s] : first->phases) {
@@ -1129,7 +1105,7 @@ TEST(CacheTest, PhasesSayWhereThePreparationWentAndACacheHitSaysSo) {
                            "bridge: determinism check", "bridge: writing files"})
     EXPECT_THAT(names, ::testing::Contains(want));
   EXPECT_THAT(names[0], HasSubstr("signature"));
-  auto hit = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path()));
+  auto hit = PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(hit.ok()) << hit.status().message();
   ASSERT_EQ(hit->phases.size(), 1u);
   EXPECT_EQ(hit->phases[0].first, "cache lookup");
@@ -1158,9 +1134,9 @@ std::vector<T> ReadAs(const ReferenceData& d, int set, const std::string& name) 
 }
 
 TEST(ConstructsTest, BoolIntegerZeroDimAndTupleOutputsAreReferencedExactly) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto r = PrepareReference(Fixture("mixed_kinds.py"), CpuOptions(cache.path()));
+  auto r = PrepareReference(Fixture("mixed_kinds.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const Signature& sig = r->signature;
   ASSERT_EQ(sig.inputs.size(), 3u);
@@ -1199,9 +1175,9 @@ TEST(ConstructsTest, BoolIntegerZeroDimAndTupleOutputsAreReferencedExactly) {
 // pre-forward state restored, set 1 would be scaled by 2 (or 3, after the
 // determinism check) and the candidate would get post-forward buffers.
 TEST(ConstructsTest, EverySetAndTheCandidateStartFromThePreForwardState) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto r = PrepareReference(Fixture("stateful_buffer.py"), CpuOptions(cache.path()));
+  auto r = PrepareReference(Fixture("stateful_buffer.py"), CpuOptions(cache.string()));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(ReadAs<float>(*r, 0, "calls"), std::vector<float>{0.f});
   EXPECT_EQ(ReadAs<float>(*r, 0, "bn.running_mean"), std::vector<float>(6, 0.f));
@@ -1222,9 +1198,9 @@ TEST(ConstructsTest, EverySetAndTheCandidateStartFromThePreForwardState) {
 }
 
 TEST(ConstructsTest, NondeterministicReferencesAreRefusedNamingTheCause) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  auto dropout = PrepareReference(Fixture("nondet_dropout.py"), CpuOptions(cache.path()));
+  auto dropout = PrepareReference(Fixture("nondet_dropout.py"), CpuOptions(cache.string()));
   ASSERT_FALSE(dropout.ok());
   EXPECT_EQ(dropout.status().code(), Code::kInvalidArgument);
   EXPECT_THAT(dropout.status().message(), HasSubstr("nondet_dropout.py"));
@@ -1234,7 +1210,7 @@ TEST(ConstructsTest, NondeterministicReferencesAreRefusedNamingTheCause) {
   ASSERT_FALSE(rand.ok());
   EXPECT_THAT(rand.status().message(), HasSubstr("forward draws random numbers"));
   // A refused problem leaves nothing in the cache.
-  auto usage = ReadCacheUsage(cache.path());
+  auto usage = ReadCacheUsage(cache.string());
   ASSERT_TRUE(usage.ok());
   EXPECT_TRUE(usage->entries.empty());
   EXPECT_EQ(usage->temp_dirs, 0);
@@ -1253,7 +1229,7 @@ SubprocessResult RunCli(std::vector<std::string> args) {
 }
 
 TEST(CliTest, ProblemInfoPrintsTableAndJson) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   SubprocessResult table = RunCli({"problem", "info", Fixture("conv_params.py")});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("conv_params"));
@@ -1270,7 +1246,7 @@ TEST(CliTest, ProblemInfoPrintsTableAndJson) {
 }
 
 TEST(CliTest, BadProblemExitsTwoWithTheCause) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   SubprocessResult r = RunCli({"problem", "info", Fixture("bad_syntax.py")});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("bad_syntax.py: line 3"));
@@ -1279,9 +1255,9 @@ TEST(CliTest, BadProblemExitsTwoWithTheCause) {
 
 // Issue 14: a user compiling a candidate that uses the device heap is told so, with malloc named.
 TEST(CliTest, CompileRefusesDeviceHeapUseNamingMalloc) {
-  REQUIRE_TORCH();
-  std::string cases = std::string(KS_SOURCE_DIR) + "/tests/adversarial/cases/";
-  std::string scale = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/scale.py";
+  KS_REQUIRE_TORCH();
+  std::string cases = ks::testing::SourcePath("tests/adversarial/cases/");
+  std::string scale = ks::testing::SourcePath("tests/evaluator/gpu_fixtures/scale.py");
   SubprocessResult r = RunCli({"compile", scale, cases + "27_heap_cache.md"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.out, HasSubstr("status: compile_error"));
@@ -1291,7 +1267,7 @@ TEST(CliTest, CompileRefusesDeviceHeapUseNamingMalloc) {
 }
 
 TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   SubprocessResult bad = RunCli({"problem", "check", Fixture("all_zeros.py"), "--device", "cpu"});
   EXPECT_EQ(bad.exit_code, 1) << bad.err;
   EXPECT_THAT(bad.out, HasSubstr("all zeros"));
@@ -1307,7 +1283,7 @@ TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
 // the search is created: it is recorded failed with the reason, never silently
 // judged by a reference that cannot tell right from wrong.
 TEST(CliTest, ASearchOnADegenerateProblemNeedsAllowDegenerate) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   std::string db = ::testing::TempDir() + "/ks_degenerate_" + std::to_string(getpid()) + ".db";
   std::string fake = ::testing::TempDir() + "/ks_degenerate_fake_" + std::to_string(getpid()) + ".json";
   ASSERT_TRUE(WriteFile(fake, "{\"check_reference\": true}").ok());
@@ -1353,10 +1329,10 @@ TEST(CliTest, SearchUsesThePythonItIsGiven) {
 }
 
 TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  ASSERT_TRUE(PrepareReference(Fixture("matmul.py"), CpuOptions(cache.path())).ok());
-  SubprocessResult list = RunCli({"cache", "list", "--cache-dir", cache.path(), "--cache-cap", "1G", "--json"});
+  ASSERT_TRUE(PrepareReference(Fixture("matmul.py"), CpuOptions(cache.string())).ok());
+  SubprocessResult list = RunCli({"cache", "list", "--cache-dir", cache.string(), "--cache-cap", "1G", "--json"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   auto j = nlohmann::json::parse(list.out, nullptr, false);
   ASSERT_TRUE(j.is_object()) << list.out;
@@ -1365,15 +1341,15 @@ TEST(CliTest, CacheListShowsEntriesAndClearEmptiesIt) {
   EXPECT_EQ(j["entries"][0]["sets"], 2);
   EXPECT_EQ(j["entries"][0]["shifted_sets"], 4);  // one per transform of transforms.py
   EXPECT_GE(j["bytes"].get<uint64_t>(), 6 * kMatmulSetBytes);
-  SubprocessResult table = RunCli({"cache", "list", "--cache-dir", cache.path()});
+  SubprocessResult table = RunCli({"cache", "list", "--cache-dir", cache.string()});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("matmul-"));
   EXPECT_THAT(table.out, HasSubstr("1 entry"));
 
-  SubprocessResult clear = RunCli({"cache", "clear", "--cache-dir", cache.path()});
+  SubprocessResult clear = RunCli({"cache", "clear", "--cache-dir", cache.string()});
   ASSERT_EQ(clear.exit_code, 0) << clear.err;
   EXPECT_THAT(clear.out, HasSubstr("removed 1 entry"));
-  auto after = ReadCacheUsage(cache.path());
+  auto after = ReadCacheUsage(cache.string());
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(after->entries.empty());
 
@@ -1454,9 +1430,9 @@ TEST(ReferenceKeyTest, TheBridgeIsToldTheLevelWhenItTimesOnAGpu) {
 }
 
 TEST(ReferenceKeyTest, TheManifestSaysWhatTheBaselinesWereTimedUnder) {
-  REQUIRE_TORCH();
+  KS_REQUIRE_TORCH();
   TempDir cache;
-  ReferenceOptions o = CpuOptions(cache.path());
+  ReferenceOptions o = CpuOptions(cache.string());
   o.precision = "high";
   auto d = PrepareReference(Fixture("matmul.py"), o);
   ASSERT_TRUE(d.ok()) << d.status().message();

@@ -11,6 +11,8 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/skip.h"
 
 namespace ks {
 namespace {
@@ -19,7 +21,7 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> ProblemNames() {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(std::string(KS_SOURCE_DIR) + "/problems"))
+  for (const auto& e : fs::directory_iterator(ks::testing::SourcePath("problems")))
     if (e.path().extension() == ".py") out.push_back(e.path().stem().string());
   std::sort(out.begin(), out.end());
   return out;
@@ -28,9 +30,8 @@ std::vector<std::string> ProblemNames() {
 class ProblemGpuTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ProblemGpuTest, LoadsIsNotDegenerateAndItsSeedIsCorrect) {
-  std::string why;
-  if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU here: " << why;
-  const std::string dir = std::string(KS_SOURCE_DIR) + "/problems/";
+  KS_REQUIRE_GPU();
+  const std::string dir = ks::testing::SourcePath("problems/");
   const std::string problem = dir + GetParam() + ".py";
   auto warnings = CheckProblem(problem, {}, "cuda");
   ASSERT_TRUE(warnings.ok()) << warnings.status().ToString();
@@ -62,7 +63,7 @@ INSTANTIATE_TEST_SUITE_P(AllProblems, ProblemGpuTest, ::testing::ValuesIn(Proble
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(ProblemLibraryTest, EveryProblemHasASeedCandidate) {
-  const std::string dir = std::string(KS_SOURCE_DIR) + "/problems/";
+  const std::string dir = ks::testing::SourcePath("problems/");
   ASSERT_GE(ProblemNames().size(), 15u);
   for (const auto& name : ProblemNames()) {
     EXPECT_TRUE(fs::exists(dir + "seeds/" + name + ".cu")) << name;
