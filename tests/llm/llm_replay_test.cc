@@ -14,16 +14,18 @@
 #include "llm/role_router.h"
 #include "llm/transcript.h"
 #include "tests/llm/fake_llm_server.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
 
 using testing::FakeLlmServer;
 
+// A file in the running test's own directory; one directory for the whole
+// binary holds them, removed when the binary exits.
 std::string TempPath(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("ks_llm_replay_" + std::to_string(getpid()) + "_" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  static const ks::testing::TempDir root("ks_llm_replay_");
+  auto dir = root / ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::create_directories(dir);
   return (dir / name).string();
 }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::server {
 namespace {
@@ -51,13 +52,13 @@ class LoadTokenTest : public ::testing::Test {
   void SetUp() override {
     saved_ = getenv(kTokenEnv) ? std::optional<std::string>(getenv(kTokenEnv)) : std::nullopt;
     unsetenv(kTokenEnv);
-    path_ = (std::filesystem::temp_directory_path() / ("ks_auth_test_" + std::to_string(getpid()))).string();
+    path_ = (dir_ / "token").string();
   }
   void TearDown() override {
     if (saved_) setenv(kTokenEnv, saved_->c_str(), 1); else unsetenv(kTokenEnv);
-    std::filesystem::remove(path_);
   }
   std::optional<std::string> saved_;
+  ks::testing::TempDir dir_{"ks_auth_test_"};
   std::string path_;
 };
 

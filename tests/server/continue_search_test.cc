@@ -23,6 +23,7 @@
 #include "server/service.h"
 #include "server/watch_hub.h"
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::server {
 namespace {
@@ -43,11 +44,6 @@ class NeverRunner final : public SearchRunner {
 class ContinueSearchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_continue_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
     auto s = store::LineageStore::Open((dir_ / "lineage.db").string());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(*s);
@@ -81,7 +77,6 @@ class ContinueSearchTest : public ::testing::Test {
   }
   void TearDown() override {
     server_->Shutdown();
-    std::filesystem::remove_all(dir_);
   }
 
   // A search in the store as a server job leaves it: `status` with `reason`.
@@ -118,7 +113,7 @@ class ContinueSearchTest : public ::testing::Test {
   }
   SearchStatus StoredStatus(int64_t id) { return store_->GetSearch(id)->status; }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_continue_"};
   std::unique_ptr<store::LineageStore> store_;
   int64_t problem_id_ = 0;
   NeverRunner runner_;

@@ -28,6 +28,7 @@
 #include "server/service.h"
 #include "server/watch_hub.h"
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::server {
 namespace {
@@ -58,10 +59,6 @@ class NeverRunner final : public SearchRunner {
 class PracticeCallsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_practice_calls_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
     auto s = store::LineageStore::Open((dir_ / "lineage.db").string());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(*s);
@@ -75,7 +72,6 @@ class PracticeCallsTest : public ::testing::Test {
   }
   void TearDown() override {
     if (server_) server_->Shutdown();
-    std::filesystem::remove_all(dir_);
   }
 
   // A GPU worker's part, played on the store: leases the next practice call
@@ -133,7 +129,7 @@ class PracticeCallsTest : public ::testing::Test {
     return stub_->ReportPractice(&ctx, req, &resp);
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_practice_calls_"};
   std::unique_ptr<store::LineageStore> store_;
   int64_t problem_ = 0;
   int64_t search_ = 0;

@@ -11,6 +11,7 @@
 
 #include "search/search_config.h"
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::store {
 namespace {
@@ -18,10 +19,6 @@ namespace {
 class LeaseStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_lease_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
     auto s = LineageStore::Open((dir_ / "lineage.db").string());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
@@ -35,7 +32,6 @@ class LeaseStoreTest : public ::testing::Test {
   }
   void TearDown() override {
     store_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   int64_t AddCandidate(const std::string& source, int64_t search = 0) {
@@ -57,7 +53,7 @@ class LeaseStoreTest : public ::testing::Test {
     return e;
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_lease_test_"};
   std::unique_ptr<LineageStore> store_;
   int64_t problem_ = 0;
   int64_t search_ = 0;

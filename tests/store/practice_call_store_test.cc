@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::store {
 namespace {
@@ -17,10 +18,6 @@ namespace {
 class PracticeCallStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_practice_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
     auto s = LineageStore::Open((dir_ / "lineage.db").string());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
@@ -34,7 +31,6 @@ class PracticeCallStoreTest : public ::testing::Test {
   }
   void TearDown() override {
     store_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   int64_t Put(PracticeTool tool, const std::string& source, int64_t search = 0) {
@@ -49,7 +45,7 @@ class PracticeCallStoreTest : public ::testing::Test {
     return l.ok() ? *l : std::vector<LeasedPracticeCallRow>{};
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_practice_test_"};
   std::unique_ptr<LineageStore> store_;
   int64_t problem_ = 0;
   int64_t search_ = 0;

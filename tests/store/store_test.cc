@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "store/candidate_hash.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::store {
 namespace {
@@ -16,13 +17,8 @@ namespace {
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_store_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
     path_ = (dir_ / "sub" / "lineage.db").string();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<LineageStore> OpenOrDie() {
     auto s = LineageStore::Open(path_);
@@ -38,7 +34,7 @@ class StoreTest : public ::testing::Test {
     return e;
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_store_test_"};
   std::string path_;
 };
 
