@@ -170,7 +170,11 @@ StatusOr<SearchConfig> ConfigFromFlags(const SearchFlags& f, CLI::App* sub) {
   if (sub->count("--beam")) config.beam = f.beam;
   if (sub->count("--repair")) config.repair_attempts = f.repair;
   if (sub->count("--profile-top")) config.profile_top = f.profile_top;
-  if (sub->count("--implement")) config.implement = f.implement;
+  if (sub->count("--implement")) {
+    auto mode = ParseImplementMode(f.implement);
+    if (!mode.ok()) return mode.status().WithContext("--implement");
+    config.implement = *mode;
+  }
   if (sub->count("--agent-turns")) config.agent_turns = f.agent_turns;
   if (sub->count("--agent-tool-calls")) config.agent_tool_calls = f.agent_tool_calls;
   if (sub->count("--agent-tokens")) config.agent_tokens = f.agent_tokens;
@@ -342,7 +346,7 @@ int RunSearch(SearchFlags& f, CLI::App* sub) {
   SearchSetup& s = *setup;
   // An agent tests its drafts on the GPU between model turns: the model side
   // alone cannot run it (run the search where both are reachable).
-  if (f.generate_only && s.config().implement == "agent")
+  if (f.generate_only && s.config().implement == ImplementMode::kAgent)
     return ReportError(FailedPrecondition(
         "search " + std::to_string(s.search_id()) + " implements with an agent (--implement agent), whose compile "
         "and test tools need the GPU side: run it without --generate-only on a GPU node, or submit it to "

@@ -153,7 +153,7 @@ Status Orchestrator::SearchRun::ImplementTask(const IdeaRow& idea, std::optional
   in.bank = bank_;
   KS_ASSIGN_OR_RETURN(RenderedPrompt prompt, RenderImplementPrompt(*o_->deps_.prompts, in));
   if (!parent) KS_RETURN_IF_ERROR(RecordBank(slot));  // prompts show the bank only without a parent
-  if (config_.implement == "agent") return AgentImplement(idea, parent, branch, prompt, slot);
+  if (config_.implement == ImplementMode::kAgent) return AgentImplement(idea, parent, branch, prompt, slot);
   KS_ASSIGN_OR_RETURN(std::optional<std::string> reply, Call(prompt, "implement", slot, /*first_pass=*/true));
   if (!reply) return Status::Ok();
   CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,

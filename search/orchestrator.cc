@@ -115,7 +115,7 @@ StatusOr<SearchOutcome> Orchestrator::SearchRun::Run(Mode mode) {
   // An agent tests its drafts between model turns (search/agent.h): the model
   // side of a split search cannot; a server with GPU workers leases each tool
   // call to one (server/practice_calls.h).
-  if (config_.implement == "agent" && !o_->deps_.practice_evaluator)
+  if (config_.implement == ImplementMode::kAgent && !o_->deps_.practice_evaluator)
     return FailedPrecondition("search " + std::to_string(search_id_) +
                               " implements with an agent, whose compile and test tools need the GPU side beside the "
                               "model: run it where both are reachable (not --generate-only), or submit it to "

@@ -8,9 +8,15 @@
 
 namespace ks {
 
+const char* ImplementModeName(ImplementMode mode) { return mode == ImplementMode::kAgent ? "agent" : "oneshot"; }
+
+StatusOr<ImplementMode> ParseImplementMode(const std::string& name) {
+  if (name == "oneshot") return ImplementMode::kOneShot;
+  if (name == "agent") return ImplementMode::kAgent;
+  return InvalidArgument("implement must be oneshot or agent, not '" + name + "'");
+}
+
 Status SearchConfig::Validate() const {
-  if (implement != "oneshot" && implement != "agent")
-    return InvalidArgument("implement must be oneshot or agent, not '" + implement + "'");
   if (agent_turns < 1 || agent_tool_calls < 1 || agent_tokens < 0)
     return InvalidArgument("agent budgets: turns and tool calls must be >= 1, tokens >= 0");
   if (!ParseContract(precision).ok())
@@ -97,7 +103,7 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"allow_degenerate", c.allow_degenerate},
           {"require_robust", c.require_robust},
           {"precision", c.precision},
-          {"implement", c.implement},
+          {"implement", ImplementModeName(c.implement)},
           {"agent_turns", c.agent_turns},
           {"agent_tool_calls", c.agent_tool_calls},
           {"agent_tokens", c.agent_tokens}};
@@ -137,7 +143,9 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     ReadField(j, "allow_degenerate", &c.allow_degenerate);
     ReadField(j, "require_robust", &c.require_robust);
     ReadField(j, "precision", &c.precision);
-    ReadField(j, "implement", &c.implement);
+    std::string implement = ImplementModeName(c.implement);
+    ReadField(j, "implement", &implement);
+    KS_ASSIGN_OR_RETURN(c.implement, ParseImplementMode(implement));
     ReadField(j, "agent_turns", &c.agent_turns);
     ReadField(j, "agent_tool_calls", &c.agent_tool_calls);
     ReadField(j, "agent_tokens", &c.agent_tokens);

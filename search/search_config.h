@@ -16,6 +16,13 @@
 
 namespace ks {
 
+// How an idea becomes a candidate (SearchConfig::implement); named "oneshot"
+// and "agent" on the command line, in the store and over gRPC.
+enum class ImplementMode { kOneShot, kAgent };
+const char* ImplementModeName(ImplementMode mode);
+// InvalidArgument for any other name.
+StatusOr<ImplementMode> ParseImplementMode(const std::string& name);
+
 struct SearchConfig {
   // Improvement rounds after round 0 (round 0 finds a first correct kernel), so
   // a search has rounds + 1 rounds in all.
@@ -73,10 +80,10 @@ struct SearchConfig {
   // the same way.
   std::string precision = "highest";
 
-  // The implement step: "oneshot" (one reply per idea and branch, the
-  // default) or "agent" (a conversation with compile/test tools on practice
-  // input sets, search/agent.h), bounded per implementation by these.
-  std::string implement = "oneshot";
+  // The implement step: one reply per idea and branch (the default), or an
+  // agent's conversation with compile/test tools on practice input sets
+  // (search/agent.h), bounded per implementation by these. Stored by name.
+  ImplementMode implement = ImplementMode::kOneShot;
   int agent_turns = 8;
   int agent_tool_calls = 12;
   int64_t agent_tokens = 0;  // 0 = no limit per implementation

@@ -226,7 +226,7 @@ Status SearchSetup::PrepareEvaluator() {
   eo.precision = config_.precision;  // the search's contract, whoever evaluates it
   // An agent practises on sets of its own inside the judging evaluator: one
   // GPU memory budget, one worker (GpuEvaluator::EvaluatePractice).
-  if (config_.implement == "agent") eo.practice_sets = 1;
+  if (config_.implement == ImplementMode::kAgent) eo.practice_sets = 1;
   auto made = options_.make_evaluator ? options_.make_evaluator(problem_file_) : MakeSearchEvaluator(problem_file_, eo);
   if (!made.ok()) {
     // The problem's own fault (a nondeterministic forward, get_inputs
@@ -239,7 +239,7 @@ Status SearchSetup::PrepareEvaluator() {
   evaluator_ = std::move(made->evaluator);
   measured_gpu_ = made->gpu;
   practice_evaluator_ = std::move(made->practice);
-  if (config_.implement == "agent" && !practice_evaluator_) {  // a scripted evaluator: one of its own
+  if (config_.implement == ImplementMode::kAgent && !practice_evaluator_) {  // a scripted evaluator: one of its own
     eo.practice_sets = 0;
     KS_RETURN_IF_ERROR(MakePracticeEvaluator(eo));
   }

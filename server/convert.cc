@@ -72,7 +72,8 @@ SearchConfig ToSearchConfig(const pb::SearchConfig& c, const SearchConfig& serve
   out.target_speedup = c.target_speedup();
   out.require_robust = c.require_robust();
   out.precision = c.precision();
-  if (!c.implement().empty()) out.implement = c.implement();
+  // ValidateSearchConfig (limits.h) admitted only the two names.
+  if (auto mode = ParseImplementMode(c.implement()); !c.implement().empty() && mode.ok()) out.implement = *mode;
   if (c.agent_turns() > 0) out.agent_turns = c.agent_turns();
   if (c.agent_tool_calls() > 0) out.agent_tool_calls = c.agent_tool_calls();
   out.agent_tokens = c.agent_tokens();
@@ -93,7 +94,7 @@ pb::SearchConfig FromSearchConfig(const SearchConfig& c) {
   out.set_target_speedup(c.target_speedup);
   out.set_require_robust(c.require_robust);
   out.set_precision(c.precision);
-  out.set_implement(c.implement);
+  out.set_implement(ImplementModeName(c.implement));
   out.set_agent_turns(c.agent_turns);
   out.set_agent_tool_calls(c.agent_tool_calls);
   out.set_agent_tokens(c.agent_tokens);

@@ -1,6 +1,7 @@
 #include "server/limits.h"
 
 #include "evaluator/judge/judge.h"
+#include "search/search_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -67,7 +68,7 @@ StatusOr<kernelsearch::v1::SearchConfig> ValidateSearchConfig(const kernelsearch
     return InvalidArgument("config.target_speedup = " + Num(c.target_speedup()) + ": must be in [0, " +
                            Num(b.max_target_speedup) + "] (0: no target)");
   if (c.implement().empty()) c.set_implement("oneshot");
-  if (c.implement() != "oneshot" && c.implement() != "agent")
+  if (!ParseImplementMode(c.implement()).ok())
     return InvalidArgument("config.implement = '" + c.implement() + "': must be oneshot or agent");
   if (c.agent_turns() == 0) c.set_agent_turns(b.default_agent_turns);
   if (c.agent_tool_calls() == 0) c.set_agent_tool_calls(b.default_agent_tool_calls);

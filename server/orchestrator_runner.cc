@@ -148,7 +148,7 @@ Status OrchestratorRunner::Run(int64_t search_id, const std::atomic<bool>* stop,
   // With GPU workers, the agent's conversations run here, beside the model, and
   // each of its tool calls is leased to a worker (issue 32).
   std::unique_ptr<CandidateEvaluator> practice;
-  if (workers && setup->config().implement == "agent") {
+  if (workers && setup->config().implement == ImplementMode::kAgent) {
     practice = practice_calls_->EvaluatorFor(search_id, stop);
     deps.practice_evaluator = practice.get();
   }

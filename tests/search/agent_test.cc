@@ -115,7 +115,7 @@ class AgentTest : public ::testing::Test {
     c.repair_attempts = 0;
     c.profile_top = 0;
     c.model = model;
-    c.implement = "agent";
+    c.implement = ImplementMode::kAgent;
     return c;
   }
 

@@ -707,6 +707,15 @@ TEST(SearchConfigTest, JsonRoundTripAndValidation) {
   EXPECT_FALSE(SearchConfigFromJson({{"roundz", 3}}).ok());
   EXPECT_FALSE(SearchConfigFromJson({{"beam", 0}}).ok());
   EXPECT_FALSE(SearchConfigFromJson({{"role_models", {{"writer", "x"}}}}).ok());
+  // The implement mode: stored by name, read back as the mode; another name is refused.
+  c.implement = ImplementMode::kAgent;
+  EXPECT_EQ(SearchConfigToJson(c).at("implement"), "agent");
+  EXPECT_EQ(SearchConfigFromJson(SearchConfigToJson(c))->implement, ImplementMode::kAgent);
+  EXPECT_EQ(SearchConfigFromJson(nlohmann::json::object())->implement, ImplementMode::kOneShot);
+  auto bad = SearchConfigFromJson({{"implement", "agents"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("implement must be oneshot or agent, not 'agents'"), std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ TEST(ValidateSearchConfig, AgentModeIsCheckedDefaultedAndConverted) {
   EXPECT_EQ(c->agent_turns(), b.default_agent_turns);
   EXPECT_EQ(c->agent_tool_calls(), b.default_agent_tool_calls);
   SearchConfig internal = ToSearchConfig(*c, SearchConfig());
-  EXPECT_EQ(internal.implement, "agent");
+  EXPECT_EQ(internal.implement, ImplementMode::kAgent);
   EXPECT_EQ(internal.agent_tokens, 50000);
   EXPECT_TRUE(internal.Validate().ok());
   EXPECT_EQ(FromSearchConfig(internal).implement(), "agent");
