@@ -20,6 +20,7 @@
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -53,9 +54,6 @@ json Turn(const std::vector<std::pair<std::string, std::string>>& calls) {
 class AgentE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("ks_agent_e2e_" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
     ASSERT_TRUE(WriteFile(Path("copy.py"), "import torch\n\nclass Model(torch.nn.Module):\n"
                                            "    def forward(self, x):\n        return x.clone()\n\n"
                                            "def get_inputs():\n    return [torch.randn(1024)]\n\n"
@@ -83,9 +81,6 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
 )PY")
                     .ok());
   }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
-  }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   SubprocessResult Run(std::vector<std::string> argv) {
@@ -97,7 +92,7 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
     return r.ok() ? *r : SubprocessResult{};
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_agent_e2e_", ks::testing::TempDir::OnFailure::kKeep};
 };
 
 TEST_F(AgentE2eTest, KillNineMidConversationThenResumeRepeatsNoModelCall) {

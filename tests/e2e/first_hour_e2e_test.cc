@@ -28,6 +28,7 @@
 #include "store/lineage_store.h"
 #include "tests/e2e/server_harness.h"
 #include "tests/testing/skip.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::e2e {
 namespace {
@@ -42,15 +43,6 @@ const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/t
 
 class FirstHourTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ks_first_hour_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   std::string Write(const std::string& name, const std::string& text) {
     EXPECT_TRUE(WriteFile(Path(name), text).ok());
@@ -78,7 +70,7 @@ class FirstHourTest : public ::testing::Test {
   }
   std::string FakeEvaluator() { return "fake:" + Write("eval.json", R"({"eager_ms": 2.0})"); }
 
-  fs::path dir_;
+  ks::testing::TempDir dir_{"ks_first_hour_", ks::testing::TempDir::OnFailure::kKeep};
 };
 
 TEST_F(FirstHourTest, GenerateOnlyNeverRunsTheProblemOnData) {

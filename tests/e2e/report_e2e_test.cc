@@ -18,6 +18,7 @@
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -31,14 +32,6 @@ class ReportE2eTest : public ::testing::Test {
   void SetUp() override {
     if (!std::filesystem::exists(kChromium))
       GTEST_SKIP() << kChromium << " is absent: install Debian's chromium (scripts/setup_and_build.sh does)";
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_report_e2e_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure() && !dir_.empty()) std::filesystem::remove_all(dir_);
   }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -93,7 +86,7 @@ class ReportE2eTest : public ::testing::Test {
     }
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_report_e2e_", ks::testing::TempDir::OnFailure::kKeep};
   int loads_ = 0;
 };
 
@@ -143,8 +136,8 @@ TEST_F(ReportE2eTest, ABrokenPageIsCaught) {
 
 // Needs no browser, so it is not in the fixture that skips without one.
 TEST(ReportCliTest, BadTargetsSayWhatIsWrong) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("ks_report_cli_" + std::to_string(getpid()))).string();
-  std::filesystem::create_directories(dir);
+  ks::testing::TempDir temp("ks_report_cli_");
+  const std::string dir = temp.string();
   SubprocessOptions o;
   // A store that does not exist is named, not created empty (issue 22).
   o.argv = {kBinary, "report", "1", "--db", dir + "/missing.db", "--out", dir + "/x.html"};
@@ -163,7 +156,6 @@ TEST(ReportCliTest, BadTargetsSayWhatIsWrong) {
   r = RunSubprocess(o);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 2) << r->err;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

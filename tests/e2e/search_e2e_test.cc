@@ -36,6 +36,7 @@
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -94,11 +95,6 @@ nlohmann::json Outcome(const std::string& out) {
 class SearchE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_search_e2e_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
     problem_ = Path("copy.py");
     ASSERT_TRUE(WriteFile(problem_, "import torch\n\nclass Model(torch.nn.Module):\n"
                                     "    def forward(self, x):\n        return x.clone()\n\n"
@@ -112,9 +108,6 @@ class SearchE2eTest : public ::testing::Test {
     sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
     signature_ = Path("signature.json");
     ASSERT_TRUE(WriteFile(signature_, SignatureToJson(sig).dump()).ok());
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
@@ -182,7 +175,7 @@ class SearchE2eTest : public ::testing::Test {
     EXPECT_NE(how.find("signal 9"), std::string::npos) << how;
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_search_e2e_", ks::testing::TempDir::OnFailure::kKeep};
   std::string problem_;
   std::string signature_;
 };

@@ -25,6 +25,7 @@
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
 #include "server/client.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::e2e {
 
@@ -61,10 +62,6 @@ struct HarnessOptions {
 class ServerHarness {
  public:
   explicit ServerHarness(HarnessOptions o = {}) : opts_(std::move(o)) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_e2e_" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
     token_ = Sha256Hex(dir_.string() + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
     Check(WriteFile(Path("token"), token_ + "\n"));
     Check(WriteFile(Path("model.sh"), kModelScript));
@@ -74,9 +71,7 @@ class ServerHarness {
     Check(WriteFile(Path("evaluator.json"), ev.dump()));
   }
   ~ServerHarness() {
-    child_ = ChildProcess();  // SIGKILL + reap
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    child_ = ChildProcess();  // SIGKILL + reap; dir_ goes after
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
@@ -189,12 +184,11 @@ class ServerHarness {
   }
 
   HarnessOptions opts_;
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_e2e_"};
   std::string token_;
   std::string address_;
   ChildProcess child_;
   int starts_ = 0;
-  static inline int counter_ = 0;
 };
 
 }  // namespace ks::e2e

@@ -25,6 +25,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -63,17 +64,11 @@ std::string Problem(const std::string& body) {
 class SuiteE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ks_suite_e2e_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
     fs::create_directories(dir_ / "level");
     Write("level/1_copy.py", Problem("x.clone()"));
     Write("level/2_syntax.py", "import torch\nclass Model(torch.nn.Module:\n");
     Write("level/3_zeros.py", Problem("torch.zeros_like(x)"));
     Write("level/10_double.py", Problem("x * 2"));
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
   }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
   void Write(const std::string& name, const std::string& text) {
@@ -101,7 +96,7 @@ class SuiteE2eTest : public ::testing::Test {
     return r.ok() ? *r : SubprocessResult{};
   }
 
-  fs::path dir_;
+  ks::testing::TempDir dir_{"ks_suite_e2e_", ks::testing::TempDir::OnFailure::kKeep};
 };
 
 TEST_F(SuiteE2eTest, ALevelWithBrokenProblemsGivesTheTableAndResumes) {
