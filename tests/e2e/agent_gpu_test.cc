@@ -54,6 +54,32 @@ double RelNorm(const std::string& evaluation_json) {
   return worst;
 }
 
+// A scripted agent's search on `problem` in `dir`: the model is a command
+// that answers turn k with turns[k] and notes the time of each turn in
+// dir/turn_times (what the model waited between turns). Fails the test
+// unless the search succeeds.
+void RunScriptedAgent(const ks::testing::TempDir& dir, const std::string& problem, const json& turns) {
+  ASSERT_TRUE(WriteFile((dir / "turns.json").string(), turns.dump()).ok());
+  ASSERT_TRUE(WriteFile((dir / "agent.py").string(), R"PY(
+import json, os, sys, time
+req = json.load(sys.stdin)
+here = os.path.dirname(os.path.abspath(__file__))
+turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
+with open(os.path.join(here, "turn_times"), "a") as f:
+    f.write("%d %.3f\n" % (turn, time.time()))
+print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
+)PY")
+                  .ok());
+  SubprocessOptions search;
+  search.argv = {ks::testing::CliBinary(), "search", problem, "--model", "command:python3 " + (dir / "agent.py").string(),
+                 "--implement", "agent", "--rounds", "0", "--branches", "1", "--repair", "0", "--profile-top", "0",
+                 "--db", (dir / "ks.db").string(), "--quiet"};
+  search.timeout_s = 580;
+  auto ran = RunSubprocess(search);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  ASSERT_TRUE(ran->Succeeded()) << ran->Describe() << "\nstdout: " << ran->out << "\nstderr: " << ran->err;
+}
+
 TEST(AgentGpuTest, ScriptedAgentOnPracticeSetsThenJudgedByTheOrdinaryEvaluation) {
   KS_REQUIRE_GPU();
   ks::testing::TempDir dir("ks_agent_gpu_test_", ks::testing::TempDir::OnFailure::kKeep);
@@ -64,24 +90,8 @@ TEST(AgentGpuTest, ScriptedAgentOnPracticeSetsThenJudgedByTheOrdinaryEvaluation)
                             Turn("test", kSoftmax, Plan("x.shape[1] - 1")),
                             Turn("test", kSoftmax, Plan("x.shape[1]")),
                             Turn("submit", kSoftmax, Plan("x.shape[1]"))});
-  ASSERT_TRUE(WriteFile((dir / "turns.json").string(), turns.dump()).ok());
-  ASSERT_TRUE(WriteFile((dir / "agent.py").string(), R"PY(
-import json, os, sys
-req = json.load(sys.stdin)
-here = os.path.dirname(os.path.abspath(__file__))
-turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
-print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
-)PY")
-                  .ok());
-
-  SubprocessOptions search;
-  search.argv = {ks::testing::CliBinary(), "search", problem, "--model", "command:python3 " + (dir / "agent.py").string(),
-                 "--implement", "agent", "--rounds", "0", "--branches", "1", "--repair", "0", "--profile-top", "0",
-                 "--db", db, "--quiet"};
-  search.timeout_s = 540;
-  auto ran = RunSubprocess(search);
-  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
-  ASSERT_TRUE(ran->Succeeded()) << ran->Describe() << "\nstdout: " << ran->out << "\nstderr: " << ran->err;
+  RunScriptedAgent(dir, problem, turns);
+  if (::testing::Test::HasFatalFailure()) return;
 
   auto store = store::LineageStore::Open(db);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -153,25 +163,8 @@ TEST(AgentGpuTest, AnAgentWorksOnAMultiGigabyteProblemOnOneGpu) {
   json turns = json::array({Turn("test", kRelu, ReluPlan("-1.0")),  // wrong: negatives pass through partly
                             Turn("test", kRelu, ReluPlan("0.0")),
                             Turn("submit", kRelu, ReluPlan("0.0"))});
-  ASSERT_TRUE(WriteFile((dir / "turns.json").string(), turns.dump()).ok());
-  ASSERT_TRUE(WriteFile((dir / "agent.py").string(), R"PY(
-import json, os, sys, time
-req = json.load(sys.stdin)
-here = os.path.dirname(os.path.abspath(__file__))
-turn = sum(1 for m in req["messages"] if m["role"] == "assistant")
-with open(os.path.join(here, "turn_times"), "a") as f:
-    f.write("%d %.3f\n" % (turn, time.time()))
-print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
-)PY")
-                  .ok());
-  SubprocessOptions search;
-  search.argv = {ks::testing::CliBinary(), "search", problem, "--model", "command:python3 " + (dir / "agent.py").string(),
-                 "--implement", "agent", "--rounds", "0", "--branches", "1", "--repair", "0", "--profile-top", "0",
-                 "--db", db, "--quiet"};
-  search.timeout_s = 580;
-  auto ran = RunSubprocess(search);
-  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
-  ASSERT_TRUE(ran->Succeeded()) << ran->Describe() << "\nstdout: " << ran->out << "\nstderr: " << ran->err;
+  RunScriptedAgent(dir, problem, turns);
+  if (::testing::Test::HasFatalFailure()) return;
 
   auto store = store::LineageStore::Open(db);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
