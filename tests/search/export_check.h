@@ -8,7 +8,7 @@
 // list of input shapes.
 #pragma once
 
-#include "tests/test_paths.h"
+#include "tests/testing/paths.h"
 
 #include <string>
 

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "common/files.h"
-#include "tests/test_paths.h"
+#include "tests/testing/paths.h"
 #include "common/subprocess.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
@@ -144,7 +144,7 @@ TEST_F(ExportGpuTest, TmaTensorMapExportMatchesTheModel) {
   auto arch = DetectArch();
   ASSERT_TRUE(arch.ok()) << arch.status().ToString();
   if (std::stoi(arch->substr(3)) < 90) GTEST_SKIP() << "TMA needs compute capability 9.0";
-  const std::string dir = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/";
+  const std::string dir = ks::testing::SourcePath("tests/evaluator/gpu_fixtures") + "/";
   auto source = ReadFile(dir + "tma_tile_copy.cu");
   auto plan = ReadFile(dir + "tma_tile_copy.json");
   ASSERT_TRUE(source.ok() && plan.ok());
@@ -183,7 +183,7 @@ TEST_F(ExportGpuTest, TmaTensorMapExportCompilesCapturesAndTrains) {
   auto arch = DetectArch();
   ASSERT_TRUE(arch.ok()) << arch.status().ToString();
   if (std::stoi(arch->substr(3)) < 90) GTEST_SKIP() << "TMA needs compute capability 9.0";
-  const std::string dir = std::string(KS_SOURCE_DIR) + "/tests/evaluator/gpu_fixtures/";
+  const std::string dir = ks::testing::SourcePath("tests/evaluator/gpu_fixtures") + "/";
   auto source = ReadFile(dir + "tma_tile_copy.cu");
   auto plan = ReadFile(dir + "tma_tile_copy.json");
   ASSERT_TRUE(source.ok() && plan.ok());
