@@ -103,6 +103,11 @@ json EvaluationToJson(const Evaluation& e) {
     for (const auto& [name, s] : e.phases) ph[name] = ph.value(name, 0.0) + s;
     j["phases_s"] = ph;
   }
+  if (!e.run_parts.empty()) {
+    json rp = json::object();
+    for (const auto& [name, s] : e.run_parts) rp[name] = rp.value(name, 0.0) + s;
+    j["run_parts_s"] = rp;
+  }
   if (e.robustness) j["robustness"] = RobustnessToJson(*e.robustness);
   if (!e.precision.empty()) j["precision"] = e.precision;
   if (!e.baseline.empty()) j["baseline"] = e.baseline;
@@ -236,6 +241,9 @@ StatusOr<Evaluation> EvaluationFromJson(const json& j) {
   if (const json* f = FieldIf(j, "phases_s", &json::is_object))
     for (const auto& [name, v] : f->items())
       if (v.is_number()) e.phases.emplace_back(name, v.get<double>());
+  if (const json* f = FieldIf(j, "run_parts_s", &json::is_object))
+    for (const auto& [name, v] : f->items())
+      if (v.is_number()) e.run_parts.emplace_back(name, v.get<double>());
   if (const json* f = FieldIf(j, "robustness", &json::is_object)) e.robustness = RobustnessFromJson(*f);
   e.precision = j.value("precision", "");
   e.baseline = j.value("baseline", "");

@@ -158,6 +158,14 @@ struct Evaluation {
   // Where eval_s went, in order (GPU evaluations): "load", "correctness",
   // "warmup", "timed", "profile", "final_checks", "worker_start"; seconds.
   std::vector<std::pair<std::string, double>> phases;
+  // Inside those phases, summed over every run of the plan (GPU evaluations;
+  // issue 33's phase benchmark): "stage" (an input set copied into the arena),
+  // "worker" (a run's round trip to the worker: its preparation, the plan and
+  // its own checks), "kernel" (the plan's own on-stream time, part of
+  // "worker"), "compare" (outputs against the reference), "inputs" (inputs and
+  // parameters against their pristine copies), "guards", "final_inputs";
+  // seconds. "runs" counts the runs (a batched warm-up counts its runs).
+  std::vector<std::pair<std::string, double>> run_parts;
   // The precision contract (issue 27). `precision`: what the candidate is held
   // to, "fp32" (exact to fp32; the reference is computed with TF32 off) or
   // "tf32" (the tolerance widened to PyTorch's default TF32 error); "" before

@@ -461,6 +461,7 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
     return e;
   }
   Judgement j(candidate, compiled);
+  parts_ = RunParts{};
   j.e.device = info_.name;
   j.e.target = arch_;
   j.e.compile_log = compiled.log;
@@ -490,6 +491,10 @@ Evaluation GpuEvaluator::Conclude(Judgement& j, EvalStatus status, const std::st
   j.e.message = message;
   j.e.worker_log = TakeWorkerLog();
   j.e.eval_s = std::chrono::duration<double>(Clock::now() - j.started).count();
+  if (parts_.runs > 0)
+    j.e.run_parts = {{"stage", parts_.stage},     {"worker", parts_.worker}, {"kernel", parts_.kernel},
+                     {"compare", parts_.compare}, {"inputs", parts_.inputs}, {"guards", parts_.guards},
+                     {"final_inputs", parts_.final_inputs}, {"runs", static_cast<double>(parts_.runs)}};
   return std::move(j.e);
 }
 

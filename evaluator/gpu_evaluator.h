@@ -426,6 +426,25 @@ class GpuEvaluator : public CandidateEvaluator {
   int worker_restarts_ = 0;
   uint64_t worker_heap_bytes_ = 0;
   double best_ms_ = 0;
+  // Where one candidate's runs spend their time (Evaluation::run_parts): reset
+  // by EvaluateCompiled, copied into the result by Conclude.
+  struct RunParts {
+    double stage = 0, worker = 0, kernel = 0, compare = 0, inputs = 0, guards = 0, final_inputs = 0;
+    int runs = 0;
+  };
+  RunParts parts_;
+  // Adds the seconds from its construction to its destruction to *into.
+  class PartTimer {
+   public:
+    explicit PartTimer(double* into) : into_(into), start_(std::chrono::steady_clock::now()) {}
+    ~PartTimer() { *into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+    PartTimer(const PartTimer&) = delete;
+    PartTimer& operator=(const PartTimer&) = delete;
+
+   private:
+    double* into_;
+    std::chrono::steady_clock::time_point start_;
+  };
   // Set while EvaluatePractice or ReadPracticeCounters runs: the sets run
   // are the practice sets (CheckedSets), and the phases that belong to the
   // judge (shifted sets, other shapes, best_ms_) are skipped.

@@ -134,17 +134,26 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
     r.message = std::move(msg);
     return r;
   };
-  if (Status s = StageSet(set); !s.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
-  // The worker is told no set: every set is staged at the same addresses.
-  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::RunRequest{0, split})); !s.ok()) {
-    StopWorker("send failed");
-    return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
+  {
+    PartTimer t(&parts_.stage);
+    if (Status s = StageSet(set); !s.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
   }
+  ++parts_.runs;
+  StatusOr<nlohmann::json> reply = Internal("not sent");
   double limit = RunTimeout();
-  auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  {
+    PartTimer t(&parts_.worker);
+    // The worker is told no set: every set is staged at the same addresses.
+    if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::RunRequest{0, split})); !s.ok()) {
+      StopWorker("send failed");
+      return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
+    }
+    reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  }
   if (!ReplyOk(reply, limit, r)) return r;
   auto ran = wire::FromJson<wire::RunReply>(*reply);
   if (!ran.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + ran.status().message());
+  parts_.kernel += ran->ms * 1e-3;
   r.ms = ran->ms;
   r.ms_device = ran->ms_device;
   if (split) r.launch_ms = ran->launch_ms;
@@ -155,20 +164,28 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
 
 GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int set, double estimate_ms) {
   RunResult r;
-  if (Status s = StageSet(set); !s.ok()) {
-    r.status = EvalStatus::kRuntimeError;
-    r.message = "evaluator: " + s.message();
-    return r;
+  {
+    PartTimer t(&parts_.stage);
+    if (Status s = StageSet(set); !s.ok()) {
+      r.status = EvalStatus::kRuntimeError;
+      r.message = "evaluator: " + s.message();
+      return r;
+    }
   }
-  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, 1, 0})); !s.ok()) {
-    StopWorker("send failed");
-    r.status = EvalStatus::kRuntimeError;
-    r.message = "the worker is gone: " + s.message();
-    return r;
-  }
+  parts_.runs += runs;
   // Each run may take a run's limit's worth longer than the estimate says, in total.
   double limit = RunTimeout() + 10 * runs * estimate_ms * 1e-3;
-  auto reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  StatusOr<nlohmann::json> reply = Internal("not sent");
+  {
+    PartTimer t(&parts_.worker);
+    if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, 1, 0})); !s.ok()) {
+      StopWorker("send failed");
+      r.status = EvalStatus::kRuntimeError;
+      r.message = "the worker is gone: " + s.message();
+      return r;
+    }
+    reply = ReceiveMessage(worker_.stdout_fd(), limit);
+  }
   if (!ReplyOk(reply, limit, r)) return r;
   auto warmed = wire::FromJson<wire::WarmReply>(*reply);
   if (!warmed.ok()) {
@@ -187,6 +204,7 @@ void GpuEvaluator::CheckEveryInputSet(RunResult& r) {
   // The arena holds one set (StageSet): its inputs and parameters, padding
   // included, against the pristine copy of that set.
   if (staged_set_ < 0) return;
+  PartTimer timer(&parts_.final_inputs);
   uint64_t changed = 0;
   auto compare = [&](const TensorSlot& work, const TensorSlot& pristine) {
     auto diff = DiffSlot(work, pristine);
@@ -251,6 +269,7 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
     r.message = std::move(msg);
   };
   // Verify this run: outputs, then inputs and guards.
+  std::optional<PartTimer> timer(&parts_.compare);
   for (auto& o : outputs_) {
     OutputError e;
     bool bad = false;
@@ -302,6 +321,8 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
   // A modified input is named first even when outputs are also wrong: it is
   // the cause, and which symptom shows depends on how the candidate's blocks race.
   bool input_named = false;
+  timer.reset();
+  timer.emplace(&parts_.inputs);
   for (auto [s, pristine] : slots) {
     auto diff = DiffSlot(*s, *pristine);
     if (!diff.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
@@ -317,6 +338,8 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
     }
   }
   // Guards around outputs: a write past an output's end is a memory error.
+  timer.reset();
+  timer.emplace(&parts_.guards);
   auto check_guard = [&](uint64_t off, uint64_t bytes, const std::string& what) {
     auto n = CountNotFill(arena_.get() + off, bytes, kGuardByte);
     if (n.ok() && *n) {
