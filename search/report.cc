@@ -82,6 +82,174 @@ std::string IdeaOutcome(int64_t idea_id, const std::vector<CandidateRow>& cands)
   return out;
 }
 
+// What the page shows of one candidate's stored evaluation JSON.
+struct EvaluationView {
+  nlohmann::json json;  // the whole evaluation, or null while pending
+  std::optional<double> roofline_fraction;
+  std::string message, robustness, floor_text, counters_text;
+  bool specialised = false;
+};
+
+// The PyTorch timings, taken from the first evaluation that carries them.
+struct Baselines {
+  std::optional<double> eager_ms, compile_ms;
+};
+
+EvaluationView ViewEvaluation(const CandidateRow& c, Baselines* baselines) {
+  EvaluationView v;
+  if (!c.evaluation) return v;
+  nlohmann::json& e = v.json;
+  e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
+  if (!e.is_object()) return v;
+  if (e.contains("roofline") && e["roofline"].is_object())
+    v.roofline_fraction = e["roofline"].value("fraction_of_floor", 0.0);
+  // The floor's basis and the counters' digest, as `eval` words them.
+  if (auto ev = EvaluationFromJson(e); ev.ok()) {
+    if (ev->roofline) v.floor_text = RooflineFloorText(*ev->roofline);
+    if (ev->counters) v.counters_text = CountersText(*ev->counters, "", 4000);
+  }
+  if (!baselines->eager_ms && e.contains("eager") && e["eager"].is_object())
+    baselines->eager_ms = e["eager"].value("median_ms", 0.0);
+  if (!baselines->compile_ms && e.contains("compiled") && e["compiled"].is_object())
+    baselines->compile_ms = e["compiled"].value("median_ms", 0.0);
+  v.message = e.value("message", std::string());
+  if (e.contains("robustness") && e["robustness"].is_object()) {
+    // What held beyond get_inputs(): a specialised kernel is marked in the table and its detail.
+    Robustness r = RobustnessFromJson(e["robustness"]);
+    v.specialised = r.specialised();
+    v.robustness = r.Summary();
+  }
+  return v;
+}
+
+// Bank kernels shown by the prompt that produced a candidate (round-0
+// implement slots are the candidates' own; ideas slots are their idea's prefix).
+std::vector<int64_t> BankShownFor(const std::map<std::string, std::vector<int64_t>>& bank_by_slot,
+                                  const std::string& slot_key) {
+  std::vector<int64_t> bank;
+  for (const auto& [slot, ids] : bank_by_slot)
+    if (slot == slot_key || (!slot.empty() && slot_key.rfind(slot + "/", 0) == 0))
+      bank.insert(bank.end(), ids.begin(), ids.end());
+  return bank;
+}
+
+nlohmann::json CandidateJson(const CandidateRow& c, const std::string& idea, const EvaluationView& v,
+                             std::vector<int64_t> bank) {
+  return {{"id", c.id},
+          {"round", c.round},
+          {"parent", c.parent_candidate ? nlohmann::json(*c.parent_candidate) : nlohmann::json()},
+          {"idea", idea},
+          {"kind", store::CandidateKindName(c.kind)},
+          {"status", c.evaluation ? EvalStatusName(c.evaluation->status) : "pending"},
+          {"median_ms", c.evaluation ? Opt(c.evaluation->median_ms) : nlohmann::json()},
+          {"speedup_eager", c.evaluation ? Opt(c.evaluation->speedup_eager) : nlohmann::json()},
+          {"speedup_compile", c.evaluation ? Opt(c.evaluation->speedup_compile) : nlohmann::json()},
+          {"roofline_fraction", Opt(v.roofline_fraction)},
+          {"message", v.message},
+          {"floor", v.floor_text},
+          {"counters", v.counters_text},
+          {"specialised", v.specialised},
+          {"robustness", v.robustness},
+          {"source", c.source.empty() ? c.raw_response : c.source},
+          {"plan", c.plan_json},
+          {"evaluation", v.json},
+          {"bank_shown", std::move(bank)}};
+}
+
+// Every candidate as the page's table and tree draw it, an agent's attempts
+// under the candidate they led to; the baselines from the first that has them.
+StatusOr<nlohmann::json> CandidatesJson(store::LineageStore* store, const std::vector<CandidateRow>& cands,
+                                        const std::vector<store::IdeaRow>& ideas,
+                                        const std::vector<std::pair<std::string, int64_t>>& shown,
+                                        Baselines* baselines) {
+  std::map<int64_t, std::string> idea_text;
+  for (const auto& i : ideas) idea_text[i.id] = i.text;
+  std::map<std::string, std::vector<int64_t>> bank_by_slot;
+  for (const auto& [slot, id] : shown) bank_by_slot[slot].push_back(id);
+
+  nlohmann::json jc = nlohmann::json::array();
+  for (const auto& c : cands) {
+    EvaluationView v = ViewEvaluation(c, baselines);
+    jc.push_back(CandidateJson(c, c.idea_id ? idea_text[*c.idea_id] : std::string(), v,
+                               BankShownFor(bank_by_slot, c.slot_key)));
+    KS_ASSIGN_OR_RETURN(AgentTrail trail, LoadAgentTrail(store, c));
+    if (!trail.attempts.empty()) jc.back()["agent"] = AgentTrailJson(trail);
+  }
+  return jc;
+}
+
+// The last round: of any candidate, or of the store's round records (a round may have none).
+StatusOr<int> LastRoundOf(store::LineageStore* store, int64_t search_id, const std::vector<CandidateRow>& cands) {
+  int max_round = -1;
+  for (const auto& c : cands) max_round = std::max(max_round, c.round);
+  KS_ASSIGN_OR_RETURN(auto last_round, store->LastRound(search_id));
+  if (last_round) max_round = std::max(max_round, last_round->round);
+  return max_round;
+}
+
+// The best speedups found up to and including each round.
+nlohmann::json BestByRound(const std::vector<CandidateRow>& cands, int max_round) {
+  nlohmann::json rounds = nlohmann::json::array();
+  std::optional<double> best_e, best_c;
+  for (int r = 0; r <= max_round; ++r) {
+    for (const auto& c : cands) {
+      if (c.round != r || !c.evaluation || c.evaluation->status != EvalStatus::kCorrect) continue;
+      if (c.evaluation->speedup_eager && (!best_e || *c.evaluation->speedup_eager > *best_e))
+        best_e = c.evaluation->speedup_eager;
+      if (c.evaluation->speedup_compile && (!best_c || *c.evaluation->speedup_compile > *best_c))
+        best_c = c.evaluation->speedup_compile;
+    }
+    rounds.push_back({{"round", r}, {"best_speedup_eager", Opt(best_e)}, {"best_speedup_compile", Opt(best_c)}});
+  }
+  return rounds;
+}
+
+// The best candidate's ancestry, root first (drawn thick in the tree).
+StatusOr<nlohmann::json> BestPathJson(store::LineageStore* store, const store::SearchSummary& summary) {
+  nlohmann::json best_path = nlohmann::json::array();
+  if (summary.search.best_candidate) {
+    KS_ASSIGN_OR_RETURN(auto path, store->Lineage(*summary.search.best_candidate));
+    for (const auto& c : path) best_path.push_back(c.id);
+  }
+  return best_path;
+}
+
+nlohmann::json IdeasJson(const std::vector<store::IdeaRow>& ideas, const std::vector<CandidateRow>& cands) {
+  nlohmann::json ji = nlohmann::json::array();
+  for (const auto& i : ideas)
+    ji.push_back({{"id", i.id},
+                  {"round", i.round},
+                  {"parent", i.parent_candidate ? nlohmann::json(*i.parent_candidate) : nlohmann::json()},
+                  {"text", i.text},
+                  {"outcome", IdeaOutcome(i.id, cands)}});
+  return ji;
+}
+
+// The search's header: its problem, status, GPU, contract and model calls.
+nlohmann::json SearchJson(int64_t search_id, const store::SearchSummary& summary, const nlohmann::json& config) {
+  std::string gpu;
+  if (config.is_object() && config.contains("gpu") && config["gpu"].is_object())
+    gpu = config["gpu"].value("name", std::string());
+  return {{"id", search_id},
+          {"problem", summary.problem_name},
+          {"status", store::SearchStatusName(summary.search.status)},
+          {"stop_reason", summary.search.stop_reason},
+          {"created", summary.search.created},
+          {"gpu", gpu},
+          {"correct", summary.correct},
+          {"best_candidate", summary.search.best_candidate ? nlohmann::json(*summary.search.best_candidate)
+                                                           : nlohmann::json()},
+          {"best_speedup_eager", Opt(summary.best_speedup_eager)},
+          {"precision", CanonicalContract(config.is_object() && config.contains("precision") &&
+                                                  config["precision"].is_string()
+                                              ? config["precision"].get<std::string>()
+                                              : std::string("highest"))},
+          {"llm_calls", summary.spend.calls},
+          {"failed_llm_calls", summary.failed_calls},
+          {"first_llm_error", summary.first_llm_error},
+          {"config", config}};
+}
+
 }  // namespace
 
 std::string_view EchartsSource() {
@@ -111,129 +279,18 @@ StatusOr<nlohmann::json> ReportData(store::LineageStore* store, int64_t search_i
   KS_ASSIGN_OR_RETURN(auto shown, store->ListBankShown(search_id));
   nlohmann::json config = nlohmann::json::parse(summary.search.config_json, nullptr, false);
 
-  std::map<int64_t, std::string> idea_text;
-  for (const auto& i : ideas) idea_text[i.id] = i.text;
-  // Bank kernels shown by the prompt that produced a candidate (round-0
-  // implement slots are the candidates' own; ideas slots are their idea's prefix).
-  std::map<std::string, std::vector<int64_t>> bank_by_slot;
-  for (const auto& [slot, id] : shown) bank_by_slot[slot].push_back(id);
+  Baselines baselines;
+  KS_ASSIGN_OR_RETURN(nlohmann::json jc, CandidatesJson(store, cands, ideas, shown, &baselines));
+  KS_ASSIGN_OR_RETURN(int max_round, LastRoundOf(store, search_id, cands));
+  KS_ASSIGN_OR_RETURN(nlohmann::json best_path, BestPathJson(store, summary));
 
   nlohmann::json j;
-  std::optional<double> eager_ms, compile_ms;
-  int max_round = -1;
-  nlohmann::json jc = nlohmann::json::array();
-  for (const auto& c : cands) {
-    max_round = std::max(max_round, c.round);
-    nlohmann::json e;
-    std::optional<double> fraction;
-    std::string message, robustness, floor_text, counters_text;
-    bool specialised = false;
-    if (c.evaluation) {
-      e = nlohmann::json::parse(c.evaluation->evaluation_json, nullptr, false);
-      if (e.is_object()) {
-        if (e.contains("roofline") && e["roofline"].is_object())
-          fraction = e["roofline"].value("fraction_of_floor", 0.0);
-        // The floor's basis and the counters' digest, as `eval` words them.
-        if (auto ev = EvaluationFromJson(e); ev.ok()) {
-          if (ev->roofline) floor_text = RooflineFloorText(*ev->roofline);
-          if (ev->counters) counters_text = CountersText(*ev->counters, "", 4000);
-        }
-        if (!eager_ms && e.contains("eager") && e["eager"].is_object()) eager_ms = e["eager"].value("median_ms", 0.0);
-        if (!compile_ms && e.contains("compiled") && e["compiled"].is_object())
-          compile_ms = e["compiled"].value("median_ms", 0.0);
-        message = e.value("message", std::string());
-        if (e.contains("robustness") && e["robustness"].is_object()) {
-          // What held beyond get_inputs(): a specialised kernel is marked in the table and its detail.
-          Robustness r = RobustnessFromJson(e["robustness"]);
-          specialised = r.specialised();
-          robustness = r.Summary();
-        }
-      }
-    }
-    std::vector<int64_t> bank;
-    for (const auto& [slot, ids] : bank_by_slot)
-      if (slot == c.slot_key || (!slot.empty() && c.slot_key.rfind(slot + "/", 0) == 0))
-        bank.insert(bank.end(), ids.begin(), ids.end());
-    jc.push_back({{"id", c.id},
-                  {"round", c.round},
-                  {"parent", c.parent_candidate ? nlohmann::json(*c.parent_candidate) : nlohmann::json()},
-                  {"idea", c.idea_id ? idea_text[*c.idea_id] : std::string()},
-                  {"kind", store::CandidateKindName(c.kind)},
-                  {"status", c.evaluation ? EvalStatusName(c.evaluation->status) : "pending"},
-                  {"median_ms", c.evaluation ? Opt(c.evaluation->median_ms) : nlohmann::json()},
-                  {"speedup_eager", c.evaluation ? Opt(c.evaluation->speedup_eager) : nlohmann::json()},
-                  {"speedup_compile", c.evaluation ? Opt(c.evaluation->speedup_compile) : nlohmann::json()},
-                  {"roofline_fraction", Opt(fraction)},
-                  {"message", message},
-                  {"floor", floor_text},
-                  {"counters", counters_text},
-                  {"specialised", specialised},
-                  {"robustness", robustness},
-                  {"source", c.source.empty() ? c.raw_response : c.source},
-                  {"plan", c.plan_json},
-                  {"evaluation", e},
-                  {"bank_shown", bank}});
-    // An agent's attempts, the sub-tree under the candidate they led to.
-    KS_ASSIGN_OR_RETURN(AgentTrail trail, LoadAgentTrail(store, c));
-    if (!trail.attempts.empty()) jc.back()["agent"] = AgentTrailJson(trail);
-  }
-  KS_ASSIGN_OR_RETURN(auto last_round, store->LastRound(search_id));
-  if (last_round) max_round = std::max(max_round, last_round->round);
-
-  // The best speedups found up to and including each round.
-  nlohmann::json rounds = nlohmann::json::array();
-  std::optional<double> best_e, best_c;
-  for (int r = 0; r <= max_round; ++r) {
-    for (const auto& c : cands) {
-      if (c.round != r || !c.evaluation || c.evaluation->status != EvalStatus::kCorrect) continue;
-      if (c.evaluation->speedup_eager && (!best_e || *c.evaluation->speedup_eager > *best_e))
-        best_e = c.evaluation->speedup_eager;
-      if (c.evaluation->speedup_compile && (!best_c || *c.evaluation->speedup_compile > *best_c))
-        best_c = c.evaluation->speedup_compile;
-    }
-    rounds.push_back({{"round", r}, {"best_speedup_eager", Opt(best_e)}, {"best_speedup_compile", Opt(best_c)}});
-  }
-
-  nlohmann::json best_path = nlohmann::json::array();
-  if (summary.search.best_candidate) {
-    KS_ASSIGN_OR_RETURN(auto path, store->Lineage(*summary.search.best_candidate));
-    for (const auto& c : path) best_path.push_back(c.id);
-  }
-
-  nlohmann::json ji = nlohmann::json::array();
-  for (const auto& i : ideas)
-    ji.push_back({{"id", i.id},
-                  {"round", i.round},
-                  {"parent", i.parent_candidate ? nlohmann::json(*i.parent_candidate) : nlohmann::json()},
-                  {"text", i.text},
-                  {"outcome", IdeaOutcome(i.id, cands)}});
-
-  std::string gpu;
-  if (config.is_object() && config.contains("gpu") && config["gpu"].is_object())
-    gpu = config["gpu"].value("name", std::string());
-  j["search"] = {{"id", search_id},
-                 {"problem", summary.problem_name},
-                 {"status", store::SearchStatusName(summary.search.status)},
-                 {"stop_reason", summary.search.stop_reason},
-                 {"created", summary.search.created},
-                 {"gpu", gpu},
-                 {"correct", summary.correct},
-                 {"best_candidate", summary.search.best_candidate ? nlohmann::json(*summary.search.best_candidate)
-                                                                  : nlohmann::json()},
-                 {"best_speedup_eager", Opt(summary.best_speedup_eager)},
-                 {"precision", CanonicalContract(config.is_object() && config.contains("precision") &&
-                                                         config["precision"].is_string()
-                                                     ? config["precision"].get<std::string>()
-                                                     : std::string("highest"))},
-                 {"llm_calls", summary.spend.calls},
-                 {"failed_llm_calls", summary.failed_calls},
-                 {"first_llm_error", summary.first_llm_error},
-                 {"config", config}};
-  j["eager_ms"] = Opt(eager_ms);
-  j["compile_ms"] = Opt(compile_ms);
+  j["search"] = SearchJson(search_id, summary, config);
+  j["eager_ms"] = Opt(baselines.eager_ms);
+  j["compile_ms"] = Opt(baselines.compile_ms);
   j["candidates"] = std::move(jc);
-  j["ideas"] = std::move(ji);
-  j["rounds"] = std::move(rounds);
+  j["ideas"] = IdeasJson(ideas, cands);
+  j["rounds"] = BestByRound(cands, max_round);
   j["best_path"] = std::move(best_path);
   return j;
 }
