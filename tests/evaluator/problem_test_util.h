@@ -1,0 +1,57 @@
+// What the problem_*_test.cc files share (they make one binary, problem_test):
+// the evaluator's fixture problems, reading a reference set's tensors, CPU
+// reference options and running the real `kernelsearch` binary.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/subprocess.h"
+#include "evaluator/problem.h"
+#include "tests/testing/paths.h"
+
+namespace ks::problem_test {
+
+// A problem of tests/evaluator/fixtures/ by its file name.
+inline std::string Fixture(const std::string& name) {
+  return ks::testing::SourcePath("tests/evaluator/fixtures/") + name;
+}
+
+// matmul.py: inputs 64x32 + 32x48 fp32, output 64x48 fp32, no parameters.
+constexpr uint64_t kMatmulSetBytes = (64 * 32 + 32 * 48 + 64 * 48) * 4;
+
+inline std::vector<float> ReadFloats(const ReferenceData& d, int set, const std::string& name) {
+  auto path = d.FilePath(set, name);
+  KS_CHECK(path.ok());
+  const TensorSpec* spec = d.signature.Find(name);
+  KS_CHECK(spec != nullptr);
+  auto bytes = ReadTensorFile(*path, *spec);
+  KS_CHECK(bytes.ok());
+  std::vector<float> v(bytes->size() / sizeof(float));
+  std::memcpy(v.data(), bytes->data(), bytes->size());
+  return v;
+}
+
+inline ReferenceOptions CpuOptions(const std::string& cache, int sets = 2, uint64_t seed = 42) {
+  ReferenceOptions o;
+  o.sets = sets;
+  o.seed = seed;
+  o.device = "cpu";
+  o.cache_dir = cache;
+  return o;
+}
+
+inline SubprocessResult RunCli(std::vector<std::string> args) {
+  SubprocessOptions o;
+  o.argv = {KS_KERNELSEARCH_BIN};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.timeout_s = 300;
+  auto r = RunSubprocess(o);
+  KS_CHECK(r.ok());
+  return *r;
+}
+
+}  // namespace ks::problem_test
