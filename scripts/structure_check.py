@@ -99,7 +99,7 @@ def check(roots, max_function, max_file):
                 continue
             if path.suffix != ".py" and path.suffix not in CXX_SUFFIXES:
                 continue
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8", errors="replace")
             lines = text.splitlines()
             funcs = py_functions(text) if path.suffix == ".py" else cxx_functions(lines)
             for name, line, n in funcs:
