@@ -20,6 +20,9 @@
 #include "search/orchestrator.h"
 #include "search/scripted_evaluator.h"
 #include "tests/llm/fake_llm_server.h"
+#include "tests/testing/copy_problem.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -83,27 +86,15 @@ std::string AnthropicTurn(int turn, const std::vector<Call>& calls) {
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_agent_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+    auto lib = PromptLibrary::Load(ks::testing::SourcePath("prompts"));
     ASSERT_TRUE(lib.ok()) << lib.status().ToString();
     prompts_ = std::move(lib).value();
     auto s = LineageStore::Open((dir_ / "agent.db").string());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   int64_t NewSearch(const SearchConfig& c) {
-    Signature s;
-    s.name = "copy";
-    s.file = "copy.py";
-    s.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    s.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    auto id = Orchestrator::CreateSearch(store_.get(), "copy.py", "class Model: pass\n", s, c);
+    auto id = Orchestrator::CreateSearch(store_.get(), "copy.py", "class Model: pass\n", ks::testing::CopySignature(), c);
     EXPECT_TRUE(id.ok()) << id.status().ToString();
     return *id;
   }
@@ -162,7 +153,7 @@ class AgentTest : public ::testing::Test {
     EXPECT_EQ(judge_->evaluated(), 1);     // the submitted candidate, judged once
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_agent_test_"};
   PromptLibrary prompts_;
   std::unique_ptr<LineageStore> store_;
   std::unique_ptr<ScriptedEvaluator> judge_ = std::make_unique<ScriptedEvaluator>(ScriptedEvaluatorOptions{});
@@ -268,7 +259,7 @@ int CountLines(const std::filesystem::path& p) {
 }
 
 TEST_F(AgentTest, CommandProtocolScriptedAgentCompilesTestsFixesAndSubmits) {
-  std::string spec = WriteCommandAgent(dir_);
+  std::string spec = WriteCommandAgent(dir_.path());
   auto llm = Client(spec);
   int64_t id = NewSearch(AgentConfig(spec));
   auto out = RunSearch(id, llm.get());
@@ -278,7 +269,7 @@ TEST_F(AgentTest, CommandProtocolScriptedAgentCompilesTestsFixesAndSubmits) {
 }
 
 TEST_F(AgentTest, RecordedAgentConversationReplaysExactly) {
-  std::string spec = WriteCommandAgent(dir_);
+  std::string spec = WriteCommandAgent(dir_.path());
   LlmConfig config;
   config.spec = spec;
   config.record_path = (dir_ / "agent.jsonl").string();
@@ -305,7 +296,7 @@ TEST_F(AgentTest, RecordedAgentConversationReplaysExactly) {
 }
 
 TEST_F(AgentTest, ToolCallBudgetStopsTheAgentCleanly) {
-  std::string spec = WriteCommandAgent(dir_);
+  std::string spec = WriteCommandAgent(dir_.path());
   auto llm = Client(spec);
   SearchConfig c = AgentConfig(spec);
   c.agent_tool_calls = 2;  // turn 0's compile and turn 1's first call
@@ -318,7 +309,7 @@ TEST_F(AgentTest, ToolCallBudgetStopsTheAgentCleanly) {
 }
 
 TEST_F(AgentTest, TurnBudgetJudgesTheLastDraftThatTestedCorrect) {
-  std::string spec = WriteCommandAgent(dir_);
+  std::string spec = WriteCommandAgent(dir_.path());
   auto llm = Client(spec);
   SearchConfig c = AgentConfig(spec);
   c.agent_turns = 4;  // ends after turn 3's passing test, before it submits

@@ -23,6 +23,8 @@
 #include "search/agent.h"
 #include "search/prompt_template.h"
 #include "search/prompts.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -31,7 +33,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::string Contract() {
-  auto text = ReadFile(std::string(KS_SOURCE_DIR) + "/prompts/contract.md");
+  auto text = ReadFile(ks::testing::SourcePath("prompts/contract.md"));
   EXPECT_TRUE(text.ok()) << text.status().ToString();
   return text.ok() ? *text : "";
 }
@@ -129,7 +131,7 @@ TEST(ContractTest, ClustersAreTaughtWithTheirDeviceSide) {
 }
 
 TEST(ContractTest, TheDeviceSectionRendersThisGpusLimits) {
-  auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+  auto lib = PromptLibrary::Load(ks::testing::SourcePath("prompts"));
   ASSERT_TRUE(lib.ok()) << lib.status().ToString();
   GpuFacts h100{"NVIDIA H100 80GB HBM3", "9.0", 132, 232448, 233472, 52428800, 65536, 3010, 51.2, 361, 684};
   h100.max_threads_per_sm = 2048;
@@ -223,7 +225,7 @@ std::vector<ToolSpec> LegacyAgentTools(bool profile) {
 }
 
 PromptLibrary SourceLibrary() {
-  auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+  auto lib = PromptLibrary::Load(ks::testing::SourcePath("prompts"));
   EXPECT_TRUE(lib.ok()) << lib.status().ToString();
   return lib.ok() ? *lib : PromptLibrary();
 }
@@ -271,7 +273,7 @@ TEST(AgentTemplateTest, EverySectionIsThereAndNamesOnlyWhatTheCodeSets) {
   for (const char* section : kAgentSections) {
     const std::string name = std::string("agent.") + section;
     ASSERT_NE(std::find(names.begin(), names.end(), name), names.end()) << name << " missing from prompts/agent.md";
-    auto raw = ReadFile(std::string(KS_SOURCE_DIR) + "/prompts/agent.md");
+    auto raw = ReadFile(ks::testing::SourcePath("prompts/agent.md"));
     ASSERT_TRUE(raw.ok());
     auto parts = SplitTemplateSections("agent", *raw);
     ASSERT_TRUE(parts.ok()) << parts.status().ToString();
@@ -297,16 +299,11 @@ TEST(AgentTemplateTest, EverySectionIsThereAndNamesOnlyWhatTheCodeSets) {
 class BrokenAgentTemplate : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_agent_template_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::copy(std::string(KS_SOURCE_DIR) + "/prompts", dir_);
+    std::filesystem::copy(ks::testing::SourcePath("prompts"), dir_.path());
     auto text = ReadFile((dir_ / "agent.md").string());
     ASSERT_TRUE(text.ok());
     original_ = *text;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // agent.md as shipped, with `from` replaced by `to` (from must be there).
   void Replace(const std::string& from, const std::string& to) {
@@ -322,7 +319,7 @@ class BrokenAgentTemplate : public ::testing::Test {
     return RenderAgentText(*lib, AgentLimits{}, false);
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_agent_template_"};
   std::string original_;
 };
 

@@ -20,9 +20,11 @@
 #include "evaluator/problem.h"
 #include "search/search_config.h"
 #include "store/lineage_store.h"
-#include "tests/search/store_fill.h"
+#include "tests/testing/store_fill.h"
 #include "tests/search/export_check.h"
 #include "tests/search/export_kernels.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/skip.h"
 
 namespace ks {
 namespace {
@@ -31,18 +33,7 @@ namespace {
 
 class ExportGpuTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!GpuAvailable(&why)) GTEST_SKIP() << "no GPU here: " << why;
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_export_gpu_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure() && !dir_.empty()) std::filesystem::remove_all(dir_);
-  }
+  void SetUp() override { KS_REQUIRE_GPU(); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Stores the fixture problem (with its real signature, from the bridge), a
@@ -128,7 +119,7 @@ class ExportGpuTest : public ::testing::Test {
     RunPython(testing::ExportCompileScript(), {out, shapes}, "EXPORT_COMPILES", 900);
   }
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_export_gpu_test_", ks::testing::TempDir::OnFailure::kKeep};
 };
 
 // Two launches, a scratch buffer, int32 + int64 + float parameters, a

@@ -25,8 +25,10 @@
 #include "search/export.h"
 #include "search/search_config.h"
 #include "store/lineage_store.h"
-#include "tests/search/store_fill.h"
+#include "tests/testing/store_fill.h"
 #include "tests/search/export_kernels.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -38,14 +40,6 @@ struct PlanCase;
 class ExportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_export_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -57,7 +51,7 @@ class ExportTest : public ::testing::Test {
       return "";
     }
     SubprocessOptions o;
-    o.argv = {*python, std::string(KS_SOURCE_DIR) + "/tests/export/" + script};
+    o.argv = {*python, ks::testing::SourcePath("tests/export/" + script)};
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.timeout_s = 120;
     auto r = RunSubprocess(o);
@@ -77,7 +71,7 @@ class ExportTest : public ::testing::Test {
 
   int CompareWithPython(const Signature& sig, const std::vector<PlanCase>& cases);
 
-  std::filesystem::path dir_;
+  ks::testing::TempDir dir_{"ks_export_test_", ks::testing::TempDir::OnFailure::kKeep};
 };
 
 // ---- the compiler's options and prelude ----

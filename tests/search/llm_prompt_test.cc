@@ -11,6 +11,7 @@
 #include "search/prompt_template.h"
 #include "search/prompts.h"
 #include "search/response_parser.h"
+#include "tests/testing/paths.h"
 
 namespace ks {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 
 PromptLibrary Library() {
-  auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+  auto lib = PromptLibrary::Load(ks::testing::SourcePath("prompts"));
   EXPECT_TRUE(lib.ok()) << lib.status().ToString();
   return lib.ok() ? *lib : PromptLibrary();
 }
@@ -27,7 +28,7 @@ PromptLibrary Library() {
 ProblemContext LayerNormProblem() {
   ProblemContext p;
   p.name = "layernorm_large";
-  auto src = ReadFile(std::string(KS_SOURCE_DIR) + "/problems/layernorm_large.py");
+  auto src = ReadFile(ks::testing::SourcePath("problems/layernorm_large.py"));
   EXPECT_TRUE(src.ok()) << src.status().ToString();
   p.source = src.ok() ? *src : "";
   auto sig = SignatureFromJson(nlohmann::json::parse(R"({

@@ -18,6 +18,11 @@
 #include "search/search_setup.h"
 #include "search/scripted_evaluator.h"
 #include "store/candidate_hash.h"
+#include "tests/testing/copy_problem.h"
+#include "tests/testing/fake_model.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/lineage.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -26,117 +31,18 @@ using store::CandidateKind;
 using store::LineageStore;
 using store::SearchStatus;
 
-// A model that answers from its prompt: ideas are named after the prompt's
-// hash, implementations carry FAKE_MS markers derived from the prompt and how
-// often that prompt was asked (so that K branches differ). Tests override the
-// reply per role. Thread-safe. Can cancel an orchestrator after N calls.
-class FakeLlm : public LlmClient {
- public:
-  using Reply = std::function<std::string(const LlmRequest&, int occurrence)>;
+using ks::testing::FakeModel;
+using ks::testing::TempDir;
 
-  StatusOr<std::string> Complete(const LlmRequest& r, LlmCallRecord* record) override {
-    int occurrence;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      occurrence = seen_[r.role + '\0' + r.prompt]++;
-      ++calls_;
-      prompts_[r.role].push_back(r.prompt);
-    }
-    if (cancel_after_ > 0 && calls_ >= cancel_after_ && to_cancel_) to_cancel_->Cancel();
-    std::string reply;
-    if (r.role == "ideas") reply = ideas_ ? ideas_(r, occurrence) : DefaultIdeas(r);
-    else if (r.role == "implement") reply = implement_ ? implement_(r, occurrence) : Kernel(r.prompt, occurrence, "");
-    else reply = repair_ ? repair_(r, occurrence) : Kernel(r.prompt, occurrence, "");
-    if (record) {
-      record->role = r.role;
-      record->backend = "fake";
-      record->model = "fake-1";
-      record->system = r.system;
-      record->prompt = r.prompt;
-      record->response = reply;
-      record->tokens_in = 100;
-      record->tokens_out = 50;
-      record->cost_usd = 0.01;
-      record->attempts = 1;
-    }
-    return reply;
-  }
-  std::string Describe() const override { return "fake"; }
-
-  static std::string DefaultIdeas(const LlmRequest& r) {
-    std::string h = Sha256Hex(r.prompt).substr(0, 8);
-    return "```json\n[{\"title\": \"idea-" + h + "-a\", \"idea\": \"tile it " + h +
-           "\"}, {\"title\": \"idea-" + h + "-b\", \"idea\": \"vectorize it " + h +
-           "\"}, {\"title\": \"idea-" + h + "-c\", \"idea\": \"fuse it " + h + "\"}]\n```\n";
-  }
-  // A candidate whose time is a function of (prompt, occurrence).
-  static std::string Kernel(const std::string& prompt, int occurrence, const std::string& status) {
-    std::string h = Sha256Hex(prompt + std::to_string(occurrence));
-    double ms = 0.1 + (std::stoul(h.substr(0, 6), nullptr, 16) % 1000) / 1000.0;
-    std::string marker = status.empty() ? "" : " FAKE_STATUS(" + status + ")";
-    return "Here it is.\n```cuda\nextern \"C\" __global__ void k_" + h.substr(0, 8) +
-           "(float* out, const float* x, int n) { /* FAKE_MS(" + std::to_string(ms) + ")" + marker +
-           " */ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = x[i]; }\n```\n"
-           "```json\n{\"launches\": [{\"kernel\": \"k_" + h.substr(0, 8) +
-           "\", \"grid\": [\"cdiv(x.numel, 256)\"], \"block\": [256], \"args\": [\"out\", \"x\", \"x.numel\"]}]}\n```\n";
-  }
-
-  int calls() const { return calls_.load(); }
-  std::vector<std::string> Prompts(const std::string& role) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return prompts_[role];
-  }
-
-  Reply ideas_, implement_, repair_;
-  int cancel_after_ = 0;
-  Orchestrator* to_cancel_ = nullptr;
-
- private:
-  std::mutex mu_;
-  std::map<std::string, int> seen_;
-  std::map<std::string, std::vector<std::string>> prompts_;
-  std::atomic<int> calls_{0};
-};
-
-Signature TestSignature() {
-  Signature s;
-  s.name = "copy";
-  s.file = "copy.py";
-  s.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-  s.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-  return s;
-}
-
-// What a lineage is, independent of row ids (which depend on thread timing):
-// one tuple per candidate.
-using LineageKey = std::tuple<int, std::string, std::string, std::string, std::string, std::string>;
-std::multiset<LineageKey> CanonicalLineage(LineageStore* store, int64_t search_id) {
-  std::multiset<LineageKey> out;
-  auto cands = store->ListCandidates(search_id);
-  EXPECT_TRUE(cands.ok());
-  std::map<int64_t, std::string> hash_of;
-  for (const auto& c : *cands) hash_of[c.id] = c.content_hash;
-  for (const auto& c : *cands) {
-    std::string idea = c.idea_id ? store->GetIdea(*c.idea_id)->text : "";
-    std::string parent = c.parent_candidate ? hash_of[*c.parent_candidate] : "";
-    std::string status = c.evaluation ? EvalStatusName(c.evaluation->status) : "pending";
-    out.insert({c.round, store::CandidateKindName(c.kind), idea, parent, c.content_hash, status});
-  }
-  return out;
-}
+using ks::testing::CanonicalLineage;
 
 class OrchestratorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ks_orch_test_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    auto lib = PromptLibrary::Load(std::string(KS_SOURCE_DIR) + "/prompts");
+    auto lib = PromptLibrary::Load(ks::testing::SourcePath("prompts"));
     ASSERT_TRUE(lib.ok()) << lib.status().ToString();
     prompts_ = std::move(lib).value();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<LineageStore> Store(const std::string& name) {
     auto s = LineageStore::Open((dir_ / name).string());
@@ -157,18 +63,18 @@ class OrchestratorTest : public ::testing::Test {
   }
 
   int64_t NewSearch(LineageStore* store, const SearchConfig& c) {
-    auto id = Orchestrator::CreateSearch(store, "copy.py", "class Model: pass\n", TestSignature(), c);
+    auto id = Orchestrator::CreateSearch(store, "copy.py", "class Model: pass\n", ks::testing::CopySignature(), c);
     EXPECT_TRUE(id.ok()) << id.status().ToString();
     return *id;
   }
 
-  std::filesystem::path dir_;
+  TempDir dir_{"ks_orch_test_"};
   PromptLibrary prompts_;
 };
 
 TEST_F(OrchestratorTest, ThreeRoundSearchBuildsTheRightLineage) {
   auto store = Store("a.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({});
   std::vector<SearchEvent> events;
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [&](const SearchEvent& e) { events.push_back(e); });
@@ -309,7 +215,7 @@ TEST(SelectBeamTest, FastestFirstNearTiesGoToNewIdeasDuplicatesSkipped) {
 
 TEST_F(OrchestratorTest, BudgetStopsTheSearch) {
   auto store = Store("b.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({});
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   SearchConfig c = Config(3, 2, 2, 2, 0);
@@ -324,7 +230,7 @@ TEST_F(OrchestratorTest, BudgetStopsTheSearch) {
   EXPECT_TRUE(store->PendingCandidates(id)->empty());  // what was generated got evaluated
 
   // Cost budget: $0.01 a call, $0.035 allows 4 calls.
-  FakeLlm llm2;
+  FakeModel llm2;
   Orchestrator orch2({store.get(), &llm2, &evaluator, &prompts_}, nullptr);
   c.budget_calls = 0;
   c.budget_cost_usd = 0.035;
@@ -338,7 +244,7 @@ TEST_F(OrchestratorTest, BudgetStopsTheSearch) {
 
 TEST_F(OrchestratorTest, TargetSpeedupStopsTheSearch) {
   auto store = Store("t.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({.eager_ms = 100});  // every kernel is > 90x faster than eager
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   SearchConfig c = Config(3, 2, 2, 2, 0);
@@ -353,7 +259,7 @@ TEST_F(OrchestratorTest, TargetSpeedupStopsTheSearch) {
 
 TEST_F(OrchestratorTest, DuplicateCandidatesAreEvaluatedOnce) {
   auto store = Store("d.db");
-  FakeLlm llm;
+  FakeModel llm;
   // Every implementation is the same kernel, formatted differently.
   llm.implement_ = [](const LlmRequest&, int occurrence) {
     std::string pad(occurrence, ' ');
@@ -385,8 +291,8 @@ TEST_F(OrchestratorTest, DuplicateCandidatesAreEvaluatedOnce) {
 
 TEST_F(OrchestratorTest, FailedCandidatesAreRepaired) {
   auto store = Store("r.db");
-  FakeLlm llm;
-  llm.implement_ = [](const LlmRequest& r, int occ) { return FakeLlm::Kernel(r.prompt, occ, "compile_error"); };
+  FakeModel llm;
+  llm.implement_ = [](const LlmRequest& r, int occ) { return FakeModel::Kernel(r.prompt, occ, "compile_error"); };
   ScriptedEvaluator evaluator({});
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   int64_t id = NewSearch(store.get(), Config(0, 1, 2, 1, /*repairs=*/1));
@@ -416,7 +322,7 @@ TEST_F(OrchestratorTest, FailedCandidatesAreRepaired) {
 
 TEST_F(OrchestratorTest, UnparsableReplyIsAFailedCandidateNotAnError) {
   auto store = Store("u.db");
-  FakeLlm llm;
+  FakeModel llm;
   llm.implement_ = [](const LlmRequest&, int) { return std::string("I cannot do that."); };
   ScriptedEvaluator evaluator({});
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
@@ -432,7 +338,7 @@ TEST_F(OrchestratorTest, UnparsableReplyIsAFailedCandidateNotAnError) {
 
 TEST_F(OrchestratorTest, EvaluatorFailureFailsTheSearchResumably) {
   auto store = Store("f.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator broken({.fail_after = 0});
   Orchestrator orch({store.get(), &llm, &broken, &prompts_}, nullptr);
   int64_t id = NewSearch(store.get(), Config(1, 1, 2, 1, 0));
@@ -453,7 +359,7 @@ TEST_F(OrchestratorTest, ResumeAfterCancelMidRoundRepeatsNothingFinished) {
   SearchConfig c = Config(2, 2, 2, 2, 1);
   c.llm_concurrency = 2;
   auto ref_store = Store("ref.db");
-  FakeLlm ref_llm;
+  FakeModel ref_llm;
   ScriptedEvaluator ref_eval({});
   Orchestrator ref({ref_store.get(), &ref_llm, &ref_eval, &prompts_}, nullptr);
   int64_t ref_id = NewSearch(ref_store.get(), c);
@@ -461,14 +367,16 @@ TEST_F(OrchestratorTest, ResumeAfterCancelMidRoundRepeatsNothingFinished) {
 
   for (int cancel_at : {1, 7, 13}) {
     auto store = Store("resume" + std::to_string(cancel_at) + ".db");
-    FakeLlm llm;
+    FakeModel llm;
     ScriptedEvaluator evaluator({});
     int64_t id = NewSearch(store.get(), c);
     int total_calls = 0;
     for (int attempt = 0; attempt < 10; ++attempt) {
       Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
-      llm.to_cancel_ = &orch;
-      llm.cancel_after_ = attempt == 0 ? cancel_at : 0;
+      llm.after_call_ = nullptr;
+      if (attempt == 0) llm.after_call_ = [&orch, cancel_at](int calls) {
+        if (calls >= cancel_at) orch.Cancel();
+      };
       auto out = orch.Run(id);
       ASSERT_TRUE(out.ok()) << out.status().ToString();
       total_calls += out->llm_calls_now;
@@ -489,14 +397,14 @@ TEST_F(OrchestratorTest, ResumeAfterCancelMidRoundRepeatsNothingFinished) {
 // rounds builds, and no model call is made twice.
 TEST_F(OrchestratorTest, AFinishedSearchGivenMoreRoundsGoesOnLikeALongerOne) {
   auto ref_store = Store("ref.db");
-  FakeLlm ref_llm;
+  FakeModel ref_llm;
   ScriptedEvaluator ref_eval({});
   Orchestrator ref({ref_store.get(), &ref_llm, &ref_eval, &prompts_}, nullptr);
   int64_t ref_id = NewSearch(ref_store.get(), Config(3, 2, 2, 2, 1));
   ASSERT_TRUE(ref.Run(ref_id).ok());
 
   auto store = Store("short.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({});
   std::vector<SearchEvent> events;
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [&](const SearchEvent& e) { events.push_back(e); });
@@ -556,7 +464,7 @@ TEST_F(OrchestratorTest, AFinishedSearchGivenMoreRoundsGoesOnLikeALongerOne) {
 
 TEST_F(OrchestratorTest, RoundsOnlyContinueASearchThatRanOutOfRounds) {
   auto store = Store("r.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({});
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, nullptr);
   SearchConfig c = Config(3, 2, 2, 2, 0);
@@ -598,10 +506,10 @@ TEST_F(OrchestratorTest, GenerateOnlyAndEvaluatePendingMatchAContinuousRun) {
   SearchConfig c = Config(2, 2, 2, 2, 1);
   // Some implementations fail so that repairs cross the split as well.
   auto implement = [](const LlmRequest& r, int occ) {
-    return FakeLlm::Kernel(r.prompt, occ, occ == 1 ? "incorrect" : "");
+    return FakeModel::Kernel(r.prompt, occ, occ == 1 ? "incorrect" : "");
   };
   auto ref_store = Store("cont.db");
-  FakeLlm ref_llm;
+  FakeModel ref_llm;
   ref_llm.implement_ = implement;
   ScriptedEvaluator ref_eval({});
   Orchestrator ref({ref_store.get(), &ref_llm, &ref_eval, &prompts_}, nullptr);
@@ -609,7 +517,7 @@ TEST_F(OrchestratorTest, GenerateOnlyAndEvaluatePendingMatchAContinuousRun) {
   ASSERT_TRUE(ref.Run(ref_id).ok());
 
   auto store = Store("split.db");
-  FakeLlm llm;
+  FakeModel llm;
   llm.implement_ = implement;
   ScriptedEvaluator evaluator({});
   int64_t id = NewSearch(store.get(), c);
@@ -639,12 +547,13 @@ TEST_F(OrchestratorTest, WallTimeIsStoredAndTheBudgetCountsEveryRun) {
   EXPECT_EQ(store->GetSearch(id)->elapsed_s, 0);
 
   // A first run, cancelled after a few calls, leaves its wall time in the store.
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({.delay_ms = 20});
   {
     Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
-    llm.to_cancel_ = &orch;
-    llm.cancel_after_ = 3;
+    llm.after_call_ = [&orch](int calls) {
+      if (calls >= 3) orch.Cancel();
+    };
     auto out = orch.Run(id);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     EXPECT_EQ(out->status, SearchStatus::kCancelled);
@@ -652,6 +561,7 @@ TEST_F(OrchestratorTest, WallTimeIsStoredAndTheBudgetCountsEveryRun) {
     EXPECT_GT(stored, 0);
     EXPECT_LE(stored, out->wall_s + 1e-6);
     EXPECT_NEAR(out->total_elapsed_s, out->wall_s, 1e-9);  // the first run: nothing before it
+    llm.after_call_ = nullptr;  // orch goes
   }
   // Evaluating what is pending (the GPU side of a split search) adds its time.
   double before = store->GetSearch(id)->elapsed_s;
@@ -677,7 +587,7 @@ TEST_F(OrchestratorTest, WallTimeIsStoredAndTheBudgetCountsEveryRun) {
 
 TEST_F(OrchestratorTest, SeedKernelStartsRoundZero) {
   auto store = Store("s.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({});
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
   SearchConfig c = Config(1, 1, 1, 1, 0);
@@ -744,7 +654,7 @@ std::string TwoLaunchKernel(const std::string& prompt, int occurrence) {
 
 TEST_F(OrchestratorTest, IdeasPromptsShowPerLaunchFiguresOccupancyAndTheBestKernels) {
   auto store = Store("p.db");
-  FakeLlm llm;
+  FakeModel llm;
   llm.implement_ = [](const LlmRequest& r, int occ) { return TwoLaunchKernel(r.prompt, occ); };
   ScriptedEvaluator evaluator({});
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [](const SearchEvent&) {});
@@ -814,7 +724,7 @@ namespace {
 // prompts; where the evaluator has none, the search goes on with one note.
 TEST_F(OrchestratorTest, CountersOfEachRoundsBestReachTheNextPrompts) {
   auto store = Store("counters.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluatorOptions opts;
   LaunchCounters l;
   l.kernel = "copy";
@@ -853,7 +763,7 @@ TEST_F(OrchestratorTest, CountersOfEachRoundsBestReachTheNextPrompts) {
 
 TEST_F(OrchestratorTest, WithoutCountersTheSearchGoesOnWithOneNote) {
   auto store = Store("nocounters.db");
-  FakeLlm llm;
+  FakeModel llm;
   ScriptedEvaluator evaluator({});
   std::vector<SearchEvent> events;
   Orchestrator orch({store.get(), &llm, &evaluator, &prompts_}, [&](const SearchEvent& e) { events.push_back(e); });

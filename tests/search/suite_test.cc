@@ -4,8 +4,6 @@
 // per problem, a broken problem a row and not the end, the table KernelBench
 // users report, and a cancelled suite resumed without running a finished
 // problem again.
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -17,10 +15,15 @@
 #include "common/files.h"
 #include "search/scripted_evaluator.h"
 #include "search/suite.h"
+#include "tests/testing/copy_problem.h"
+#include "tests/testing/fake_model.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
 namespace fs = std::filesystem;
+using ks::testing::FakeModel;
+using ks::testing::TempDir;
 
 SuiteProblemResult Row(const std::string& name, bool correct, std::optional<double> eager,
                        std::optional<double> compile) {
@@ -98,8 +101,8 @@ TEST(SuiteFilesTest, LevelOrderIsNatural) {
   EXPECT_FALSE(NaturalLess("10_Conv.py", "2_ReLU.py"));
   EXPECT_TRUE(NaturalLess("1_a.py", "1_b.py"));
   EXPECT_TRUE(NaturalLess("9_z.py", "softmax.py"));  // numbered problems first
-  fs::path dir = fs::temp_directory_path() / ("ks_suite_files_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  TempDir tmp("ks_suite_files_");
+  const fs::path& dir = tmp.path();
   for (const char* n : {"10_c.py", "2_b.py", "1_a.py", "__init__.py", "notes.txt"})
     ASSERT_TRUE(WriteFile((dir / n).string(), "").ok());
   auto files = ListProblemFiles({dir.string()});
@@ -113,51 +116,25 @@ TEST(SuiteFilesTest, LevelOrderIsNatural) {
   auto empty_dir = dir / "empty";
   fs::create_directories(empty_dir);
   EXPECT_EQ(ListProblemFiles({empty_dir.string()}).status().code(), Code::kInvalidArgument);
-  fs::remove_all(dir);
 }
 
-// A model whose kernels depend on a tag in the problem text (which every
+// The fake model's kernels, depending on a tag in the problem text (which every
 // prompt quotes): "SUITE_MS=x" gives a kernel of x ms, "SUITE_WRONG" an
 // incorrect one.
-class TaggedLlm : public LlmClient {
- public:
-  StatusOr<std::string> Complete(const LlmRequest& r, LlmCallRecord* record) override {
-    calls_++;
-    std::string reply;
-    if (r.role == "ideas") {
-      reply = "```json\n[{\"title\": \"tile\", \"idea\": \"tile the loop\"}]\n```\n";
-    } else {
-      std::string marker = "FAKE_MS(1.0)";
-      if (r.prompt.find("SUITE_WRONG") != std::string::npos) marker = "FAKE_STATUS(incorrect)";
-      size_t at = r.prompt.find("SUITE_MS=");
-      if (at != std::string::npos) {
-        size_t end = r.prompt.find_first_not_of("0123456789.", at + 9);
-        marker = "FAKE_MS(" + r.prompt.substr(at + 9, end - at - 9) + ")";
-      }
-      reply = "```cuda\nextern \"C\" __global__ void k(float* out, const float* x, int n) { /* " + marker +
-              " */ }\n```\n```json\n{\"launches\": [{\"kernel\": \"k\", \"grid\": [\"cdiv(x.numel, 256)\"], "
-              "\"block\": [256], \"args\": [\"out\", \"x\", \"x.numel\"]}]}\n```\n";
-    }
-    if (record) {
-      record->role = r.role;
-      record->backend = "fake";
-      record->model = "tagged";
-      record->prompt = r.prompt;
-      record->response = reply;
-      record->attempts = 1;
-    }
-    return reply;
+std::string TaggedKernel(const LlmRequest& r, int) {
+  std::string marker = "FAKE_MS(1.0)";
+  if (r.prompt.find("SUITE_WRONG") != std::string::npos) marker = "FAKE_STATUS(incorrect)";
+  size_t at = r.prompt.find("SUITE_MS=");
+  if (at != std::string::npos) {
+    size_t end = r.prompt.find_first_not_of("0123456789.", at + 9);
+    marker = "FAKE_MS(" + r.prompt.substr(at + 9, end - at - 9) + ")";
   }
-  std::string Describe() const override { return "tagged"; }
-  std::atomic<int> calls_{0};
-};
+  return FakeModel::KernelWithMarkers("k", marker);
+}
 
 class SuiteRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ks_suite_run_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
     fs::create_directories(dir_ / "level");
     Problem("1_fast", "# SUITE_MS=0.5");
     Problem("2_broken", "# BROKEN");
@@ -175,15 +152,15 @@ class SuiteRunTest : public ::testing::Test {
     config_.beam = 1;
     config_.repair_attempts = 0;
     config_.model = "tagged";
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
+    llm_.model_ = "tagged";
+    llm_.ideas_ = [](const LlmRequest&, int) {
+      return std::string("```json\n[{\"title\": \"tile\", \"idea\": \"tile the loop\"}]\n```\n");
+    };
+    llm_.implement_ = llm_.repair_ = TaggedKernel;
   }
   void Problem(const std::string& name, const std::string& tag) {
     ASSERT_TRUE(WriteFile((dir_ / "level" / (name + ".py")).string(),
-                          tag + "\nimport torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
-                                "        return x.clone()\ndef get_inputs():\n    return [torch.randn(1024)]\n"
-                                "def get_init_inputs():\n    return []\n")
+                          tag + "\n" + ks::testing::kCopyProblemSource)
                     .ok());
   }
   SuiteRunner::Hooks Hooks() {
@@ -193,12 +170,7 @@ class SuiteRunTest : public ::testing::Test {
       signature_calls_[fs::path(file).stem().string()]++;
       if (ReadFile(file)->find("# BROKEN") != std::string::npos)
         return InvalidArgument(file + ": forward raised RuntimeError: shapes do not match");
-      Signature sig;
-      sig.name = fs::path(file).stem().string();
-      sig.file = file;
-      sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-      sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-      return sig;
+      return ks::testing::CopySignature(file, fs::path(file).stem().string());
     };
     h.evaluator = [this](const std::string& file) -> StatusOr<SearchEvaluator> {
       std::lock_guard<std::mutex> lock(mu_);
@@ -211,11 +183,11 @@ class SuiteRunTest : public ::testing::Test {
     return h;
   }
 
-  fs::path dir_;
+  TempDir dir_{"ks_suite_run_", TempDir::OnFailure::kKeep};
   std::unique_ptr<store::LineageStore> store_;
   std::unique_ptr<PromptLibrary> prompts_;
   SearchConfig config_;
-  TaggedLlm llm_;
+  FakeModel llm_;
   std::mutex mu_;
   std::map<std::string, int> signature_calls_, evaluator_calls_;
 };
@@ -289,7 +261,7 @@ TEST_F(SuiteRunTest, CancelledSuiteResumesWithoutRepeatingFinishedProblems) {
     EXPECT_EQ(report->rows[1].status, "pending");
     EXPECT_EQ(report->rows[3].status, "pending");
   }
-  int calls_before = llm_.calls_.load();
+  int calls_before = llm_.calls();
   EXPECT_GT(calls_before, 0);
   cancel = false;
   std::vector<std::pair<std::string, bool>> finished;
@@ -314,7 +286,7 @@ TEST_F(SuiteRunTest, CancelledSuiteResumesWithoutRepeatingFinishedProblems) {
 }
 
 TEST(SuiteStoreTest, SuiteNeedsProblemsAndAValidConfig) {
-  fs::path dir = fs::temp_directory_path() / ("ks_suite_store_" + std::to_string(getpid()));
+  TempDir dir("ks_suite_store_");
   auto s = store::LineageStore::Open((dir / "l.db").string());
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(SuiteRunner::Create(s->get(), {}, SearchConfig{}).status().code(), Code::kInvalidArgument);
@@ -322,7 +294,6 @@ TEST(SuiteStoreTest, SuiteNeedsProblemsAndAValidConfig) {
   bad.ideas = 0;
   EXPECT_EQ(SuiteRunner::Create(s->get(), {"a.py"}, bad).status().code(), Code::kInvalidArgument);
   EXPECT_EQ((*s)->GetSuite(12345).status().code(), Code::kNotFound);
-  fs::remove_all(dir);
 }
 
 }  // namespace

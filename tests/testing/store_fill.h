@@ -1,15 +1,45 @@
-// Test helper: puts a problem, a search, one seed candidate and a correct
-// evaluation of it into a lineage store, as a finished search would leave them.
+// Stores filled the way tests of the store, the server and export need them:
+//  - PutCopySearch: the copy problem (as a row: no torch, no signature) and a
+//    search of it, where a test adds candidates, leases or practice calls;
+//  - StoreCorrectSeed: a problem, a search, one seed candidate and a correct
+//    evaluation of it, as a finished search would leave them.
+// Failures fail the test (EXPECT) and give 0 ids. Uses the lineage store and
+// SearchConfig: a test that includes this links ks_store (and ks_search for
+// StoreCorrectSeed).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "search/search_config.h"
 #include "store/lineage_store.h"
 
 namespace ks::testing {
+
+struct StoredSearch {
+  int64_t problem = 0;
+  int64_t search = 0;
+};
+
+// The problem row "copy" (copy.py, source "# copy") and a search of it with `config_json`.
+inline StoredSearch PutCopySearch(store::LineageStore* store, const std::string& config_json) {
+  store::ProblemRow p;
+  p.name = "copy";
+  p.file_path = "copy.py";
+  p.source = "# copy";
+  p.sha256 = "sha-copy";
+  StoredSearch out;
+  auto problem = store->PutProblem(p);
+  EXPECT_TRUE(problem.ok()) << problem.status().ToString();
+  if (!problem.ok()) return out;
+  out.problem = *problem;
+  auto search = store->CreateSearch(out.problem, config_json);
+  EXPECT_TRUE(search.ok()) << search.status().ToString();
+  if (search.ok()) out.search = *search;
+  return out;
+}
 
 // Returns the candidate id, or 0 after recording a test failure.
 inline int64_t StoreCorrectSeed(store::LineageStore* store, const store::ProblemRow& problem_row,
