@@ -8,7 +8,6 @@
 #include <set>
 #include <tuple>
 #include <vector>
-#include <thread>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -59,60 +58,41 @@ std::vector<std::string> CandidateFiles(const std::string& dir) {
   return out;
 }
 
-// The GPU evaluators for one problem, one per device, with eval's options
-// (input sets, run timeout, privileges, timing): the reference is prepared
-// once (the sets must fit on the GPU with the least free memory), then the
-// evaluators are made at the same time, one thread per GPU, each with an equal
-// share of the CPU cores for its compiles. Warnings go to stderr.
-StatusOr<std::vector<std::unique_ptr<GpuEvaluator>>> MakeGpuEvaluatorsOn(const EvalArgs& a, const std::string& problem,
-                                                                          const std::vector<int>& devices) {
-  ReferenceOptions ro;
-  ro.bridge.python = a.python;
-  ro.sets = a.sets;
-  ro.device = "cuda";
-  ro.time = true;
-  ro.precision = a.precision;  // the baselines timed under the contract judged under
+// The evaluator options of eval's flags (search/evaluator_factory.h, the
+// builder every command uses), for the evaluator `spec`.
+StatusOr<EvaluatorOptions> EvalEvaluatorOptions(const EvalArgs& a, const std::string& spec) {
+  EvaluatorOptions eo;
+  eo.spec = spec;
+  eo.python = a.python;
+  eo.gpus = a.gpus;
+  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(a.precision));
+  eo.sets = a.sets;
+  eo.drop_privileges = !a.keep_privileges;
+  eo.run_timeout_s = a.run_timeout_s;
+  eo.timing = a.timing == "full" ? TimingMode::kFull : TimingMode::kAdaptive;
+  eo.describe_device = false;  // no prompts: no matmul peaks measured for them
+  return eo;
+}
+
+// The GPU evaluators for one problem, one per device (--gpus, behind an
+// EvaluatorPool), with eval's options: the reference is prepared once (the
+// sets must fit on the GPU with the least free memory), then the evaluators
+// are made at the same time, one thread per GPU, each with an equal share of
+// the CPU cores for its compiles. Warnings go to stderr.
+StatusOr<SearchEvaluator> MakeGpuEvaluators(const EvalArgs& a, const std::string& problem) {
+  KS_ASSIGN_OR_RETURN(EvaluatorOptions eo, EvalEvaluatorOptions(a, "gpu"));
+  KS_RETURN_IF_ERROR(ResolveGpus(eo).status());
   KS_ASSIGN_OR_RETURN(auto cache, ResolveCacheFlags(a.cache));
-  std::tie(ro.cache_dir, ro.cache_cap) = cache;
-  // Sets beyond what the GPU holds are not prepared (at least 2; a warning says so).
-  for (int d : devices)
-    if (auto free_mem = FreeDeviceMemory(d); free_mem.ok()) {
-      uint64_t budget = *free_mem / 10 * 9;
-      if (ro.device_budget == 0 || budget < ro.device_budget) ro.device_budget = budget;
-    }
+  std::tie(eo.cache_dir, eo.cache_cap) = cache;
   if (!a.json) std::fprintf(stderr, "preparing the reference for %s ...\n", problem.c_str());
-  KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem, ro));
+  KS_ASSIGN_OR_RETURN(SearchEvaluator made, MakeSearchEvaluator(problem, eo));
+  const ReferenceReport& ref = made.reference;
   for (const auto& w : ref.warnings) std::fprintf(stderr, "warning: %s: %s\n", problem.c_str(), w.c_str());
-  GpuEvaluatorOptions go;
-  go.drop_privileges = !a.keep_privileges;
-  go.run_timeout_s = a.run_timeout_s;
-  go.python = a.python;
-  go.timing = a.timing == "full" ? TimingMode::kFull : TimingMode::kAdaptive;
-  go.precision = a.precision;
-  go.compile_threads = CompileThreadsPerGpu(devices.size());
-  const auto setup_start = std::chrono::steady_clock::now();
-  std::vector<std::optional<StatusOr<std::unique_ptr<GpuEvaluator>>>> made(devices.size());
-  {
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < devices.size(); ++i)
-      threads.emplace_back([&, i] {
-        GpuEvaluatorOptions o = go;
-        o.device = devices[i];
-        made[i] = GpuEvaluator::Create(ref, o);
-      });
-    for (auto& t : threads) t.join();
-  }
-  std::vector<std::unique_ptr<GpuEvaluator>> out;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    if (!made[i]->ok()) return made[i]->status().WithContext("gpu " + std::to_string(devices[i]));
-    out.push_back(std::move(*made[i]).value());
-  }
   if (a.verbose) {
     // What the first evaluation of a problem spends its time on, for finding what dominates.
     std::fprintf(stderr, "phases (wall seconds)%s:\n", ref.from_cache ? ", reference from the cache" : "");
     for (const auto& [name, s] : ref.phases) std::fprintf(stderr, "  %-52s %8.3f\n", name.c_str(), s);
-    std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)",
-                 SecondsSince(setup_start));
+    std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)", ref.setup_s);
     for (const auto& e : ref.evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
     for (const auto& n : ref.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
     for (const auto& o : ref.signature.outputs)
@@ -120,46 +100,24 @@ StatusOr<std::vector<std::unique_ptr<GpuEvaluator>>> MakeGpuEvaluatorsOn(const E
         std::fprintf(stderr, "tolerance of '%s': %s\n", o.name.c_str(), ref.signature.DescribeTolerance(o).c_str());
   }
   if (ref.signature.flops.value_or(0) > 0) {
-    for (auto& ev : out)
+    for (GpuEvaluator* ev : made.gpu_evaluators)
       if (auto peaks = ev->Peaks(); !peaks.ok())
         std::fprintf(stderr, "warning: no compute floor for %s (the roofline uses bandwidth only): %s\n",
                      problem.c_str(), peaks.status().message().c_str());
   }
-  return out;
+  return made;
 }
 
-// --gpus (issue 13): one GPU evaluator per GPU behind an EvaluatorPool; a
-// single GPU is used as it is.
-struct GpuEvaluators {
-  std::unique_ptr<CandidateEvaluator> evaluator;
-  std::vector<GpuEvaluator*> members;
-  int worker_restarts() const {
-    int n = 0;
-    for (const auto* m : members) n += m->worker_restarts();
-    return n;
-  }
-};
+// --evaluator fake[:FILE] (tests of --problems): the scripted evaluator, as a search makes it.
+StatusOr<SearchEvaluator> MakeFakeEvaluator(const EvalArgs& a, const std::string& problem) {
+  KS_ASSIGN_OR_RETURN(EvaluatorOptions eo, EvalEvaluatorOptions(a, a.evaluator));
+  return MakeSearchEvaluator(problem, eo);
+}
 
-StatusOr<GpuEvaluators> MakeGpuEvaluators(const EvalArgs& a, const std::string& problem) {
-  EvaluatorOptions eo;
-  eo.spec = "gpu";
-  eo.gpus = a.gpus;
-  KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(eo));
-  KS_ASSIGN_OR_RETURN(auto evs, MakeGpuEvaluatorsOn(a, problem, devices));
-  GpuEvaluators out;
-  std::vector<std::unique_ptr<CandidateEvaluator>> members;
-  std::vector<std::string> labels;
-  for (size_t i = 0; i < evs.size(); ++i) {
-    out.members.push_back(evs[i].get());
-    members.push_back(std::make_unique<DeviceBoundEvaluator>(std::move(evs[i]), devices[i]));
-    labels.push_back("gpu " + std::to_string(devices[i]));
-  }
-  if (members.size() == 1) {
-    out.evaluator = std::move(members.front());
-  } else {
-    out.evaluator = std::make_unique<EvaluatorPool>(std::move(members), std::move(labels));
-  }
-  return out;
+int WorkerRestarts(const SearchEvaluator& made) {
+  int n = 0;
+  for (const GpuEvaluator* ev : made.gpu_evaluators) n += ev->worker_restarts();
+  return n;
 }
 
 // A folder of ready kernels against a folder of problems: kernels are matched
@@ -212,26 +170,13 @@ int RunLevel(const EvalArgs& a) {
           row.message = cand.status().message();
           return;
         }
-        std::unique_ptr<CandidateEvaluator> ev;
-        if (fake) {
-          auto made =
-              MakeEvaluator(problem, {.spec = a.evaluator, .python = a.python, .device = 0, .gpus = a.gpus});
-          if (!made.ok()) {
-            row.status = "error";
-            row.message = made.status().message();
-            return;
-          }
-          ev = std::move(*made);
-        } else {
-          auto made = MakeGpuEvaluators(a, problem);
-          if (!made.ok()) {
-            row.status = "error";
-            row.message = made.status().message();
-            return;
-          }
-          ev = std::move(made->evaluator);
+        auto made = fake ? MakeFakeEvaluator(a, problem) : MakeGpuEvaluators(a, problem);
+        if (!made.ok()) {
+          row.status = "error";
+          row.message = made.status().message();
+          return;
         }
-        auto results = ev->EvaluateBatch({*cand});
+        auto results = made->evaluator->EvaluateBatch({*cand});
         if (!results.ok() || results->size() != 1) {
           row.status = "error";
           row.message = results.ok() ? "the evaluator returned no result" : results.status().message();
@@ -359,7 +304,7 @@ int Run(const EvalArgs& a) {
       PrintBatchRow(name, StatusText(e), &e, e.specialised() ? e.robustness->Summary() : e.message);
     }
   }
-  if (!a.json) std::printf("\nworker restarts: %d\n", ev->worker_restarts());
+  if (!a.json) std::printf("\nworker restarts: %d\n", WorkerRestarts(*ev));
   return all_correct ? kExitOk : kExitFailed;
 }
 

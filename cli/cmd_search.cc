@@ -274,11 +274,22 @@ StatusOr<SearchOutcome> StoredOutcome(store::LineageStore* store, const store::S
   return out;
 }
 
+// The GPU side's options of the flags (search/evaluator_factory.h, the builder
+// every command uses); a search judges under its config's contract
+// (SearchSetup::PrepareEvaluator), which --precision sets.
+StatusOr<EvaluatorOptions> SearchEvaluatorOptions(const SearchFlags& f) {
+  EvaluatorOptions eo{.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
+  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(f.precision));
+  return eo;
+}
+
 int RunSearch(SearchFlags& f, CLI::App* sub) {
   auto store = store::LineageStore::Open(DbPath(f.db));
   if (!store.ok()) return ReportError(store.status());
   SetupOptions so;
-  so.evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision};
+  auto eo = SearchEvaluatorOptions(f);
+  if (!eo.ok()) return ReportError(eo.status());
+  so.evaluator = *eo;
   so.llm = BaseLlmConfig(f.llm);
   so.on_phase = PhasePrinter(f.quiet, f.json);
   const bool fake = f.evaluator == "fake" || f.evaluator.rfind("fake:", 0) == 0;
@@ -493,8 +504,10 @@ int RunSuite(SearchFlags& f, CLI::App* sub) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   SuiteProgress progress(f.quiet, f.json);
+  auto eo = SearchEvaluatorOptions(f);
+  if (!eo.ok()) return ReportError(eo.status());
   SuiteRunner runner({.store = store->get(), .llm = llm->get(), .prompts = &*prompts, .cancel = &g_interrupted,
-                      .evaluator = {.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus, .precision = f.precision}},
+                      .evaluator = *eo},
                      [&](const SuiteEvent& e) { progress(e); });
   auto report = runner.Run(suite_id);
   if (!report.ok()) return ReportError(report.status().WithContext("suite " + std::to_string(suite_id)));

@@ -1,6 +1,7 @@
 #include "search/evaluator_factory.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
@@ -54,97 +55,137 @@ StatusOr<std::vector<int>> ResolveGpus(const EvaluatorOptions& options) {
   return ParseGpuList(options.gpus, count);
 }
 
-StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, const EvaluatorOptions& options) {
-  const std::string& spec = options.spec;
+EvaluatorOptions PracticeEvaluatorOptions(EvaluatorOptions eo) {
+  eo.reference_seed = kPracticeReferenceSeed;
+  eo.reveal_reference_values = false;  // the agent's tools give error figures, never reference values
+  eo.gpus = "";  // one GPU: an agent's test is one candidate at a time
+  return eo;
+}
+
+ReferenceOptions ReferenceOptionsFor(const EvaluatorOptions& options) {
+  ReferenceOptions ro;
+  ro.bridge.python = options.python;
+  ro.sets = options.sets;
+  ro.device = "cuda";
+  ro.time = true;
+  ro.seed = options.reference_seed;
+  ro.precision = ContractName(options.precision);  // the baselines timed under the contract judged under
+  ro.cache_dir = options.cache_dir;
+  ro.cache_cap = options.cache_cap;
+  if (options.practice_sets > 0) {
+    ro.practice_sets = options.practice_sets;
+    ro.practice_seed = kPracticeReferenceSeed;
+  }
+  return ro;
+}
+
+GpuEvaluatorOptions GpuEvaluatorOptionsFor(const EvaluatorOptions& options, int device, size_t gpus) {
+  GpuEvaluatorOptions go;
+  go.device = device;
+  go.python = options.python;
+  go.compile_threads = CompileThreadsPerGpu(gpus);
+  go.precision = ContractName(options.precision);
+  go.reveal_reference_values = options.reveal_reference_values;
+  go.drop_privileges = options.drop_privileges;
+  go.run_timeout_s = options.run_timeout_s;
+  go.timing = options.timing;
+  return go;
+}
+
+namespace {
+
+StatusOr<SearchEvaluator> MakeScriptedEvaluator(const std::string& problem_file, const EvaluatorOptions& options) {
   SearchEvaluator made;
-  if (IsFakeSpec(spec)) {
-    ScriptedEvaluatorOptions o;
-    if (spec != "fake") {
-      KS_ASSIGN_OR_RETURN(o, LoadScriptedEvaluatorOptions(spec.substr(5)));
-    }
-    made.gpu = o.gpu;
-    if (o.check_reference) {
-      // The fake stands for the GPU side: it checks the reference as the GPU
-      // evaluator does while preparing it, with the real bridge on the CPU.
-      KS_ASSIGN_OR_RETURN(made.degenerate, CheckProblem(problem_file, BridgeOptions{.python = options.python}, "cpu"));
-    }
-    KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
-    if (devices.size() == 1) {
-      made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
-      return made;
-    }
-    auto make = [&o](int) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
-      return std::unique_ptr<CandidateEvaluator>(std::make_unique<ScriptedEvaluator>(o));
-    };
-    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
-    made.evaluator = std::move(pool);
+  ScriptedEvaluatorOptions o;
+  if (options.spec != "fake") {
+    KS_ASSIGN_OR_RETURN(o, LoadScriptedEvaluatorOptions(options.spec.substr(5)));
+  }
+  made.gpu = o.gpu;
+  if (o.check_reference) {
+    // The fake stands for the GPU side: it checks the reference as the GPU
+    // evaluator does while preparing it, with the real bridge on the CPU.
+    KS_ASSIGN_OR_RETURN(made.degenerate, CheckProblem(problem_file, BridgeOptions{.python = options.python}, "cpu"));
+  }
+  KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
+  if (devices.size() == 1) {
+    made.evaluator = std::make_unique<ScriptedEvaluator>(std::move(o));
     return made;
   }
-  if (spec.empty() || spec == "gpu") {
-    // Checked before the reference is computed, so a CPU-only node says so at once.
-    std::string why;
-    if (!GpuAvailable(&why))
-      return FailedPrecondition("evaluating " + problem_file + " needs a GPU (" + why +
-                                "); use --generate-only here and `kernelsearch evaluate-pending` on a GPU node");
-    KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
-    ReferenceOptions ro;
-    ro.bridge.python = options.python;
-    ro.device = "cuda";
-    ro.time = true;
-    ro.seed = options.reference_seed;
-    ro.precision = options.precision;  // the baselines timed under the contract judged under
-    if (options.practice_sets > 0) {
-      ro.practice_sets = options.practice_sets;
-      ro.practice_seed = kPracticeReferenceSeed;
+  auto make = [&o](int) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
+    return std::unique_ptr<CandidateEvaluator>(std::make_unique<ScriptedEvaluator>(o));
+  };
+  KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
+  made.evaluator = std::move(pool);
+  return made;
+}
+
+// The reference of `problem_file` for the GPUs `devices`: sets beyond what
+// the GPU holds are not prepared (at least 2; a warning says so): one
+// reference serves every GPU, so the smallest free memory counts.
+StatusOr<ReferenceData> PrepareGpuReference(const std::string& problem_file, const EvaluatorOptions& options,
+                                            const std::vector<int>& devices) {
+  ReferenceOptions ro = ReferenceOptionsFor(options);
+  for (int d : devices) {
+    if (auto free_mem = FreeDeviceMemory(d); free_mem.ok()) {
+      uint64_t budget = *free_mem / 10 * 9;
+      if (ro.device_budget == 0 || budget < ro.device_budget) ro.device_budget = budget;
     }
-    // Sets beyond what the GPU holds are not prepared (at least 2; a warning
-    // says so): one reference serves every GPU, so the smallest free memory counts.
-    for (int d : devices) {
-      if (auto free_mem = FreeDeviceMemory(d); free_mem.ok()) {
-        uint64_t budget = *free_mem / 10 * 9;
-        if (ro.device_budget == 0 || budget < ro.device_budget) ro.device_budget = budget;
-      }
-    }
-    KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareReference(problem_file, ro));
-    made.degenerate = ref.degenerate;
-    auto make_one = [&](int device) -> StatusOr<std::unique_ptr<GpuEvaluator>> {
-      GpuEvaluatorOptions go;
-      go.device = device;
-      go.python = options.python;
-      go.compile_threads = CompileThreadsPerGpu(devices.size());
-      go.precision = options.precision;
-      go.reveal_reference_values = options.reveal_reference_values;
-      return GpuEvaluator::Create(ref, go);
-    };
-    auto facts_of = [](GpuEvaluator* ev) {
+  }
+  return PrepareReference(problem_file, ro);
+}
+
+StatusOr<SearchEvaluator> MakeGpuEvaluators(const std::string& problem_file, const EvaluatorOptions& options) {
+  // Checked before the reference is computed, so a CPU-only node says so at once.
+  std::string why;
+  if (!GpuAvailable(&why))
+    return FailedPrecondition("evaluating " + problem_file + " needs a GPU (" + why +
+                              "); use --generate-only here and `kernelsearch evaluate-pending` on a GPU node");
+  KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
+  KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareGpuReference(problem_file, options, devices));
+  SearchEvaluator made;
+  made.degenerate = ref.degenerate;
+  made.reference = {.from_cache = ref.from_cache,
+                    .phases = ref.phases,
+                    .warnings = ref.warnings,
+                    .notes = ref.notes,
+                    .evicted = ref.evicted,
+                    .signature = ref.signature};
+  const auto setup_start = std::chrono::steady_clock::now();
+  made.gpu_evaluators.resize(devices.size());
+  // The prompts describe the first GPU (the GPUs of one host are alike), and
+  // the agent practises on it (between the pool's batches).
+  auto make_one = [&](size_t i) -> StatusOr<std::unique_ptr<GpuEvaluator>> {
+    KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev,
+                        GpuEvaluator::Create(ref, GpuEvaluatorOptionsFor(options, devices[i], devices.size())));
+    made.gpu_evaluators[i] = ev.get();
+    if (i == 0 && options.describe_device) {
       // Peaks are measured once per GPU and cached; a failure only leaves them unknown in prompts.
       auto peaks = ev->Peaks();
-      return GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(), peaks.ok() ? &*peaks : nullptr);
-    };
-    auto practice_of = [&](GpuEvaluator* ev) {
-      if (options.practice_sets > 0 && ev->has_practice_sets()) made.practice = ev->PracticeView();
-    };
-    if (devices.size() == 1) {
-      KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(devices.front()));
-      made.gpu = facts_of(ev.get());
-      practice_of(ev.get());
-      made.evaluator = std::move(ev);
-      return made;
+      made.gpu = GpuFactsFromDevice(ev->device_info(), ev->measured_bandwidth_gbps(), peaks.ok() ? &*peaks : nullptr);
     }
-    // The prompts describe the first GPU (the GPUs of one host are alike).
+    if (i == 0 && options.practice_sets > 0 && ev->has_practice_sets()) made.practice = ev->PracticeView();
+    return ev;
+  };
+  if (devices.size() == 1) {
+    KS_ASSIGN_OR_RETURN(made.evaluator, make_one(0));
+  } else {
     auto make = [&](int device) -> StatusOr<std::unique_ptr<CandidateEvaluator>> {
-      KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(device));
-      if (device == devices.front()) {
-        made.gpu = facts_of(ev.get());
-        practice_of(ev.get());  // the agent practises on the first GPU, between the pool's batches
-      }
+      const size_t i = std::find(devices.begin(), devices.end(), device) - devices.begin();
+      KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev, make_one(i));
       return std::unique_ptr<CandidateEvaluator>(std::make_unique<DeviceBoundEvaluator>(std::move(ev), device));
     };
-    KS_ASSIGN_OR_RETURN(auto pool, EvaluatorPool::Create(devices, make));
-    made.evaluator = std::move(pool);
-    return made;
+    KS_ASSIGN_OR_RETURN(made.evaluator, EvaluatorPool::Create(devices, make));
   }
-  return InvalidArgument("unknown evaluator '" + spec + "' (gpu, fake, fake:FILE)");
+  made.reference.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+  return made;
+}
+
+}  // namespace
+
+StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, const EvaluatorOptions& options) {
+  if (IsFakeSpec(options.spec)) return MakeScriptedEvaluator(problem_file, options);
+  if (options.spec.empty() || options.spec == "gpu") return MakeGpuEvaluators(problem_file, options);
+  return InvalidArgument("unknown evaluator '" + options.spec + "' (gpu, fake, fake:FILE)");
 }
 
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeEvaluator(const std::string& problem_file,

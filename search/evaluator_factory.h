@@ -1,4 +1,7 @@
-// Choosing the evaluator a search runs its candidates through.
+// The one evaluator builder: every caller that judges kernels makes its
+// evaluator here from an EvaluatorOptions, so the same flags give the same
+// evaluator wherever they are read (`kernelsearch eval`, `search`, `suite`,
+// `evaluate-pending`, the server's jobs and EvaluateKernel, `gpu-worker`).
 //   ""  or "gpu"          the GPU evaluator (evaluator/gpu_evaluator.h) on the
 //                          problem's cached reference; FailedPrecondition without a GPU
 //   "fake" / "fake:FILE"   ScriptedEvaluator (scripted_evaluator.h), for tests
@@ -13,10 +16,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
+#include "evaluator/gpu_evaluator.h"
+#include "evaluator/judge/judge.h"
 #include "evaluator/problem.h"
 #include "search/prompts.h"
 
@@ -30,8 +37,9 @@ struct EvaluatorOptions {
   // behind an EvaluatorPool (search/evaluator_pool.h). With a fake spec, one
   // scripted evaluator per listed ordinal ("all" = one).
   std::string gpus;
-  // The precision contract a candidate is held to: "fp32" or "tf32" (GpuEvaluatorOptions::precision).
-  std::string precision = "highest";
+  // The precision contract a candidate is held to (evaluator/judge/judge.h),
+  // parsed from its name where it enters: a flag, a search's config, a lease.
+  Contract precision = Contract::kHighest;
   // The reference's base seed (ReferenceOptions::seed): the judging sets use
   // the default; the agent's practice sets (search/agent.h) use
   // kPracticeReferenceSeed, so that no practice set is a judging set.
@@ -43,6 +51,34 @@ struct EvaluatorOptions {
   // serves the agent's tools too (SearchEvaluator::practice), in one GPU
   // memory budget with the judge. 0: none.
   int practice_sets = 0;
+
+  // How the GPU evaluator judges and times (`kernelsearch eval`'s flags; a
+  // search takes the defaults). Ignored by a scripted evaluator.
+  int sets = 3;                // ReferenceOptions::sets: judging input sets
+  std::string cache_dir;       // ReferenceOptions::cache_dir; "" = DefaultReferenceCacheDir()
+  uint64_t cache_cap = 0;      // ReferenceOptions::cache_cap; 0 = DefaultCacheCap()
+  bool drop_privileges = true; // GpuEvaluatorOptions::drop_privileges
+  double run_timeout_s = 0;    // GpuEvaluatorOptions::run_timeout_s; 0 = auto
+  TimingMode timing = TimingMode::kAdaptive;
+  // Whether to fill SearchEvaluator::gpu from the GPU evaluator (measuring the
+  // matmul peaks once per GPU): prompts need it; `eval` does not.
+  bool describe_device = true;
+};
+
+// The reference and GPU evaluator options `options` stand for on `gpus` GPUs
+// (device_budget aside, which depends on the GPUs' free memory): what the
+// builder hands to PrepareReference and GpuEvaluator::Create.
+ReferenceOptions ReferenceOptionsFor(const EvaluatorOptions& options);
+GpuEvaluatorOptions GpuEvaluatorOptionsFor(const EvaluatorOptions& options, int device, size_t gpus);
+
+// What preparing the GPU evaluator's reference reported (ReferenceData), for
+// callers that show it (`eval --verbose`); empty for a scripted evaluator.
+struct ReferenceReport {
+  bool from_cache = false;
+  std::vector<std::pair<std::string, double>> phases;  // ReferenceData::phases
+  std::vector<std::string> warnings, notes, evicted;
+  Signature signature;
+  double setup_s = 0;  // making the GPU evaluators once the reference was ready
 };
 
 // Practice sets are drawn from seeds 1043, 1044, ... (set i uses seed + 1 + i)
@@ -50,6 +86,13 @@ struct EvaluatorOptions {
 // parameters (drawn from the base seed) differ too; a kernel takes them as
 // inputs, so a correct one is correct for both.
 inline constexpr uint64_t kPracticeReferenceSeed = 1042;
+
+// The options of an agent's practice evaluator (search/agent.h) beside the
+// judging one made with `judging`: practice input sets (kPracticeReferenceSeed),
+// no reference values revealed, one GPU. A search's GPU side
+// (SearchSetup::PrepareEvaluator) and a GPU worker serving the server's agents
+// (server/gpu_worker.h) both make it so.
+EvaluatorOptions PracticeEvaluatorOptions(EvaluatorOptions judging);
 
 // An evaluator for one problem and what it knows about its device.
 struct SearchEvaluator {
@@ -66,9 +109,16 @@ struct SearchEvaluator {
   // must be destroyed before `evaluator`. Null otherwise (a scripted
   // evaluator: the caller makes a practice evaluator of its own).
   std::unique_ptr<CandidateEvaluator> practice;
+  // The GPU evaluators inside `evaluator`, one per GPU in the order of the
+  // GPUs (borrowed; empty for a scripted evaluator): for their worker restarts
+  // and peaks.
+  std::vector<GpuEvaluator*> gpu_evaluators;
+  ReferenceReport reference;
 };
 
-// The caller owns the evaluator; it is used for one problem.
+// The builder. The caller owns the evaluator; it is used for one problem.
+// Several GPUs: one evaluator each, made at the same time, behind an
+// EvaluatorPool; one GPU: its evaluator as it is.
 StatusOr<SearchEvaluator> MakeSearchEvaluator(const std::string& problem_file, const EvaluatorOptions& options);
 // The same, without the device facts (callers that only evaluate).
 StatusOr<std::unique_ptr<CandidateEvaluator>> MakeEvaluator(const std::string& problem_file,

@@ -131,13 +131,6 @@ StatusOr<std::unique_ptr<SearchSetup>> SearchSetup::Open(store::LineageStore* st
   return s;
 }
 
-EvaluatorOptions PracticeEvaluatorOptions(EvaluatorOptions eo) {
-  eo.reference_seed = kPracticeReferenceSeed;
-  eo.reveal_reference_values = false;  // the agent's tools give error figures, never reference values
-  eo.gpus = "";  // one GPU: an agent's test is one candidate at a time
-  return eo;
-}
-
 std::string RoundsChange::Describe(int64_t search_id) const {
   const std::string id = std::to_string(search_id);
   if (reopened)
@@ -223,7 +216,7 @@ Status SearchSetup::PrepareEvaluator() {
     return why;
   };
   EvaluatorOptions eo = options_.evaluator;
-  eo.precision = config_.precision;  // the search's contract, whoever evaluates it
+  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(config_.precision));  // the search's contract, whoever evaluates it
   // An agent practises on sets of its own inside the judging evaluator: one
   // GPU memory budget, one worker (GpuEvaluator::EvaluatePractice).
   if (config_.implement == ImplementMode::kAgent) eo.practice_sets = 1;

@@ -186,13 +186,6 @@ StatusOr<std::unique_ptr<LlmClient>> MakeSearchModel(const SearchConfig& config,
 Status CheckReferenceCanJudge(const std::string& problem, const std::vector<std::string>& degenerate,
                               const SearchConfig& config);
 
-// The options of an agent's practice evaluator (search/agent.h) beside the
-// judging one made with `judging`: practice input sets (kPracticeReferenceSeed),
-// no reference values revealed, one GPU. A search's GPU side
-// (PrepareEvaluator) and a GPU worker serving the server's agents
-// (server/gpu_worker.h) both make it so.
-EvaluatorOptions PracticeEvaluatorOptions(EvaluatorOptions judging);
-
 // A file holding the problem text a search was created with: `path` or the
 // stored path when either still holds that text, else a copy of the stored
 // text in a temporary folder (a GPU node may not have the model side's paths,

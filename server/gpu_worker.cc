@@ -244,7 +244,7 @@ Status GpuWorker::Load(int device, const std::string& problem_id, const pb::Leas
   EvaluatorOptions eo = options_.evaluator;
   eo.device = device;
   eo.gpus.clear();
-  eo.precision = precision;
+  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(precision));
   std::optional<GpuFacts> facts;
   std::vector<std::string> degenerate;
   if (practice) Log("preparing " + row.name + " with the agents' practice sets on GPU " + std::to_string(device));

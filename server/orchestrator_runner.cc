@@ -13,11 +13,12 @@
 namespace ks::server {
 namespace {
 
-// Keeps the problem file alive exactly as long as the evaluator that reads it.
+// The judging evaluator of a stored problem, with its private file (both
+// owned by `evaluators`, which lives as long as it).
 class StoredProblemEvaluator final : public CandidateEvaluator {
  public:
-  StoredProblemEvaluator(TempDir dir, std::unique_ptr<CandidateEvaluator> inner)
-      : dir_(std::move(dir)), inner_(std::move(inner)) {}
+  explicit StoredProblemEvaluator(std::unique_ptr<StoredProblemEvaluators> evaluators)
+      : evaluators_(std::move(evaluators)), inner_(evaluators_->judge()) {}
   StatusOr<std::vector<Evaluation>> EvaluateBatch(const std::vector<Candidate>& candidates) override {
     return inner_->EvaluateBatch(candidates);
   }
@@ -29,8 +30,8 @@ class StoredProblemEvaluator final : public CandidateEvaluator {
   std::string DeviceName() const override { return inner_->DeviceName(); }
 
  private:
-  TempDir dir_;  // destroyed after inner_ (declared first)
-  std::unique_ptr<CandidateEvaluator> inner_;
+  const std::unique_ptr<StoredProblemEvaluators> evaluators_;
+  CandidateEvaluator* const inner_;  // evaluators_->judge()
 };
 
 std::string SafeStem(const std::string& name) {
@@ -48,13 +49,9 @@ StatusOr<std::unique_ptr<CandidateEvaluator>> MakeStoredProblemEvaluator(const s
                                                                          const EvaluatorOptions& options,
                                                                          std::optional<GpuFacts>* gpu,
                                                                          std::vector<std::string>* degenerate) {
-  KS_ASSIGN_OR_RETURN(TempDir dir, TempDir::Make("ks-problem"));
-  const std::string path = dir.path() + "/" + SafeStem(problem.name) + ".py";
-  KS_RETURN_IF_ERROR(WriteFile(path, problem.source));
-  KS_ASSIGN_OR_RETURN(SearchEvaluator made, MakeSearchEvaluator(path, options));
-  if (gpu) *gpu = made.gpu;
-  if (degenerate) *degenerate = made.degenerate;
-  return std::unique_ptr<CandidateEvaluator>(new StoredProblemEvaluator(std::move(dir), std::move(made.evaluator)));
+  KS_ASSIGN_OR_RETURN(std::unique_ptr<StoredProblemEvaluators> made,
+                      StoredProblemEvaluators::Make(problem, options, /*practice=*/false, gpu, degenerate));
+  return std::unique_ptr<CandidateEvaluator>(new StoredProblemEvaluator(std::move(made)));
 }
 
 StatusOr<std::unique_ptr<StoredProblemEvaluators>> StoredProblemEvaluators::Make(
