@@ -13,6 +13,7 @@
 #include "common/files.h"
 #include "evaluator/problem.h"
 #include "evaluator/bridge_internal.h"
+#include "tests/testing/paths.h"
 
 namespace ks {
 namespace {
@@ -79,7 +80,7 @@ TEST(JudgeTest, BoundArraysAreKeysOfTheirOutputAtALevel) {
 // The bridge's Python reads the same constants: each `NAME = value` line of
 // ks_bridge/judge.py against the C++ constant.
 TEST(JudgeTest, ThePythonJudgeHoldsTheSameConstants) {
-  auto text = ReadFile(std::string(KS_SOURCE_DIR) + "/evaluator/reference/ks_bridge/judge.py");
+  auto text = ReadFile(ks::testing::SourcePath("evaluator/reference/ks_bridge/judge.py"));
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   auto number = [&](const std::string& name) {
     std::smatch m;

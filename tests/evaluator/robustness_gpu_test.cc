@@ -10,6 +10,7 @@
 
 #include "common/files.h"
 #include "tests/evaluator/gpu_test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -215,7 +216,8 @@ TEST(RobustnessGpuTest, TheShiftedSetsTransformTheWeightsTooInBuffersOfTheirOwn)
     EXPECT_EQ(Find(*honest.robustness, t)->outcome, "held") << t << ": " << Find(*honest.robustness, t)->detail;
   // With the weights left as they are (PARAMETER_TRANSFORMS = []), the split kernel holds:
   // it was the weights' transform that broke it.
-  const std::string kept_file = ::testing::TempDir() + "linear_weights_inputs_only.py";
+  ks::testing::TempDir dir("ks_inputs_only_");
+  const std::string kept_file = (dir / "linear_weights_inputs_only.py").string();
   ASSERT_TRUE(WriteFile(kept_file, *ReadFile(CpuFixture("linear_weights.py")) + "\nPARAMETER_TRANSFORMS = []\n").ok());
   GpuEvaluator* inputs_only = EvaluatorFor(kept_file);
   ASSERT_NE(inputs_only, nullptr);

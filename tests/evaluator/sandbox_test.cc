@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/subprocess.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
@@ -59,7 +60,8 @@ TEST(SandboxTest, AWriteBeyondTheFileSizeLimitFails) {
   SandboxLimits limits;
   limits.file_size_bytes = 4096;
   limits.drop_privileges = false;
-  std::string path = ::testing::TempDir() + "/ks_sandbox_big_" + std::to_string(getpid());
+  ks::testing::TempDir dir("ks_sandbox_big_");
+  std::string path = (dir / "big").string();
   SubprocessOptions o;
   o.argv = {"/bin/sh", "-c", "trap '' XFSZ; head -c 100000 /dev/zero > " + path + "; echo rc=$?; wc -c < " + path};
   o.in_child = [limits] { return ApplySandbox(limits); };
@@ -67,7 +69,6 @@ TEST(SandboxTest, AWriteBeyondTheFileSizeLimitFails) {
   ASSERT_TRUE(r.ok());
   EXPECT_THAT(r->out, ::testing::HasSubstr("4096"));
   EXPECT_THAT(r->out, ::testing::Not(::testing::HasSubstr("rc=0")));
-  unlink(path.c_str());
 }
 
 }  // namespace

@@ -23,7 +23,7 @@
 #include "server/service.h"
 #include "server/watch_hub.h"
 #include "store/lineage_store.h"
-#include "tests/testing/temp_dir.h"
+#include "tests/server/service_fixture.h"
 
 namespace ks::server {
 namespace {
@@ -32,21 +32,11 @@ namespace pb = ::kernelsearch::v1;
 using ::testing::HasSubstr;
 using store::SearchStatus;
 
-constexpr char kToken[] = "continue-test-token";
-
-class NeverRunner final : public SearchRunner {
- public:
-  Status Run(int64_t, const std::atomic<bool>*, const std::function<void()>&) override {
-    return Internal("the job manager is not started in this test");
-  }
-};
-
-class ContinueSearchTest : public ::testing::Test {
+class ContinueSearchTest : public ServiceTest {
  protected:
   void SetUp() override {
-    auto s = store::LineageStore::Open((dir_ / "lineage.db").string());
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    store_ = std::move(*s);
+    ServiceTest::SetUp();
+    if (HasFatalFailure()) return;
     store::ProblemRow p;
     p.name = "copy";
     p.file_path = "submitted:copy.py";
@@ -55,28 +45,13 @@ class ContinueSearchTest : public ::testing::Test {
     auto pid = store_->PutProblem(p);
     ASSERT_TRUE(pid.ok()) << pid.status().ToString();
     problem_id_ = *pid;
-
-    jobs_ = std::make_unique<JobManager>(store_.get(), &runner_, 1, 4);
-    hub_ = std::make_unique<WatchHub>(store_.get(), 8, std::chrono::milliseconds(100));
-    ServiceDeps deps;
-    deps.store = store_.get();
-    deps.jobs = jobs_.get();
-    deps.hub = hub_.get();
-    deps.auth = &auth_;
-    deps.queue_search = [this](int64_t id) -> Status {
-      if (!queue_answer_.ok()) return queue_answer_;
-      queued_.push_back(id);
-      return Status::Ok();
-    };
-    service_ = std::make_unique<KernelSearchService>(std::move(deps));
-    grpc::ServerBuilder builder;
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_TRUE(server_);
-    stub_ = pb::KernelSearch::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
-  }
-  void TearDown() override {
-    server_->Shutdown();
+    StartService([this](ServiceDeps& deps) {
+      deps.queue_search = [this](int64_t id) -> Status {
+        if (!queue_answer_.ok()) return queue_answer_;
+        queued_.push_back(id);
+        return Status::Ok();
+      };
+    });
   }
 
   // A search in the store as a server job leaves it: `status` with `reason`.
@@ -96,7 +71,7 @@ class ContinueSearchTest : public ::testing::Test {
 
   grpc::Status Continue(const std::string& id, int rounds, pb::SearchInfo* info, bool with_token = true) {
     grpc::ClientContext ctx;
-    if (with_token) ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    Authorize(&ctx, with_token);
     pb::ContinueSearchRequest req;
     req.set_search_id(id);
     req.set_rounds(rounds);
@@ -113,16 +88,7 @@ class ContinueSearchTest : public ::testing::Test {
   }
   SearchStatus StoredStatus(int64_t id) { return store_->GetSearch(id)->status; }
 
-  ks::testing::TempDir dir_{"ks_continue_"};
-  std::unique_ptr<store::LineageStore> store_;
   int64_t problem_id_ = 0;
-  NeverRunner runner_;
-  TokenAuth auth_{kToken};
-  std::unique_ptr<JobManager> jobs_;
-  std::unique_ptr<WatchHub> hub_;
-  std::unique_ptr<KernelSearchService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<pb::KernelSearch::Stub> stub_;
   std::vector<int64_t> queued_;
   Status queue_answer_ = Status::Ok();
 };

@@ -28,7 +28,8 @@
 #include "server/service.h"
 #include "server/watch_hub.h"
 #include "store/lineage_store.h"
-#include "tests/testing/temp_dir.h"
+#include "tests/server/service_fixture.h"
+#include "tests/testing/store_fill.h"
 
 namespace ks::server {
 namespace {
@@ -37,7 +38,6 @@ namespace pb = ::kernelsearch::v1;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-constexpr char kToken[] = "practice-test-token";
 const Candidate kDraft{"extern \"C\" __global__ void k() {}", R"({"launches": []})"};
 
 double Now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
@@ -49,29 +49,14 @@ Evaluation Correct(double ms) {
   return e;
 }
 
-class NeverRunner final : public SearchRunner {
- public:
-  Status Run(int64_t, const std::atomic<bool>*, const std::function<void()>&) override {
-    return Internal("the job manager is not started in this test");
-  }
-};
-
-class PracticeCallsTest : public ::testing::Test {
+class PracticeCallsTest : public ServiceTest {
  protected:
   void SetUp() override {
-    auto s = store::LineageStore::Open((dir_ / "lineage.db").string());
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    store_ = std::move(*s);
-    store::ProblemRow p;
-    p.name = "copy";
-    p.file_path = "copy.py";
-    p.source = "# copy";
-    p.sha256 = "sha-copy";
-    problem_ = *store_->PutProblem(p);
-    search_ = *store_->CreateSearch(problem_, R"({"implement": "agent"})");
-  }
-  void TearDown() override {
-    if (server_) server_->Shutdown();
+    ServiceTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto stored = ks::testing::PutCopySearch(store_.get(), R"({"implement": "agent"})");
+    problem_ = stored.problem;
+    search_ = stored.search;
   }
 
   // A GPU worker's part, played on the store: leases the next practice call
@@ -93,24 +78,11 @@ class PracticeCallsTest : public ::testing::Test {
   }
 
   void StartService(PracticeCalls* calls) {
-    jobs_ = std::make_unique<JobManager>(store_.get(), &runner_, 1, 4);
-    hub_ = std::make_unique<WatchHub>(store_.get(), 8, std::chrono::milliseconds(100));
-    ServiceDeps deps;
-    deps.store = store_.get();
-    deps.jobs = jobs_.get();
-    deps.hub = hub_.get();
-    deps.auth = &auth_;
-    deps.practice_calls = calls;
-    service_ = std::make_unique<KernelSearchService>(std::move(deps));
-    grpc::ServerBuilder builder;
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_TRUE(server_);
-    stub_ = pb::KernelSearch::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+    ServiceTest::StartService([calls](ServiceDeps& deps) { deps.practice_calls = calls; });
   }
   grpc::Status Lease(int max, bool serves_practice, pb::LeaseCandidatesResponse* resp) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    Authorize(&ctx);
     pb::LeaseCandidatesRequest req;
     req.set_worker("w/gpu0");
     req.set_max_candidates(max);
@@ -120,7 +92,7 @@ class PracticeCallsTest : public ::testing::Test {
   }
   grpc::Status Report(const std::string& id, const std::string& lease, const std::string& result_json) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    Authorize(&ctx);
     pb::ReportPracticeRequest req;
     req.set_id(id);
     req.set_lease_id(lease);
@@ -129,17 +101,8 @@ class PracticeCallsTest : public ::testing::Test {
     return stub_->ReportPractice(&ctx, req, &resp);
   }
 
-  ks::testing::TempDir dir_{"ks_practice_calls_"};
-  std::unique_ptr<store::LineageStore> store_;
   int64_t problem_ = 0;
   int64_t search_ = 0;
-  NeverRunner runner_;
-  TokenAuth auth_{kToken};
-  std::unique_ptr<JobManager> jobs_;
-  std::unique_ptr<WatchHub> hub_;
-  std::unique_ptr<KernelSearchService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<pb::KernelSearch::Stub> stub_;
 };
 
 TEST_F(PracticeCallsTest, AWorkersResultAnswersTheAgentsTestAndCompile) {
@@ -287,7 +250,7 @@ TEST_F(PracticeCallsTest, ReportPracticeStoresOnlyUnderTheLiveLease) {
   pb::LeaseCandidatesResponse live;
   {
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    Authorize(&ctx);
     pb::LeaseCandidatesRequest req;
     req.set_worker("live/gpu0");
     req.set_serves_practice(true);

@@ -11,6 +11,7 @@
 
 #include "search/search_config.h"
 #include "store/lineage_store.h"
+#include "tests/testing/store_fill.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks::store {
@@ -22,13 +23,9 @@ class LeaseStoreTest : public ::testing::Test {
     auto s = LineageStore::Open((dir_ / "lineage.db").string());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
-    ProblemRow p;
-    p.name = "copy";
-    p.file_path = "copy.py";
-    p.source = "# copy";
-    p.sha256 = "sha-copy";
-    problem_ = *store_->PutProblem(p);
-    search_ = *store_->CreateSearch(problem_, SearchConfigToJson(SearchConfig{}).dump());
+    auto stored = ks::testing::PutCopySearch(store_.get(), SearchConfigToJson(SearchConfig{}).dump());
+    problem_ = stored.problem;
+    search_ = stored.search;
   }
   void TearDown() override {
     store_.reset();
