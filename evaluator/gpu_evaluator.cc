@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -164,6 +165,28 @@ Status GpuEvaluator::Setup() {
   // setmaxnreg and the other Hopper-only instructions assemble instead of
   // being silently skipped behind a __CUDA_ARCH_FEAT_SM90_ALL guard.
   arch_ = opts_.target.empty() ? ArchSpecificTarget(info_.Arch()) : opts_.target;
+  KS_RETURN_IF_ERROR(LoadHelpers());
+  const int sets = static_cast<int>(ref_.sets.size());
+  if (sets == 0) return InvalidArgument("reference has no input sets");
+  KS_RETURN_IF_ERROR(LayOutMemory());
+  KS_RETURN_IF_ERROR(FillMemory());
+  staged_set_ = -1;
+  staged_hashes_.assign(sets, {});
+  KS_RETURN_IF_ERROR(StageSet(0));
+  KS_RETURN_IF_ERROR(PlaceReferenceOutputs());
+  KS_RETURN_IF_ERROR(LoadBounds().WithContext("the reference's bound arrays"));
+  CUipcMemHandle h;
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
+  ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  if (correctness_only_) return StartWorker();  // never timed: no bandwidth, no peaks
+  KS_RETURN_IF_ERROR(MeasureBandwidth());
+  if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
+  KS_RETURN_IF_ERROR(SetupOtherShapes());
+  return StartWorker();
+}
+
+// The trusted helper kernels (kHelperSource), and the hash key no candidate sees.
+Status GpuEvaluator::LoadHelpers() {
   {
     CompileOptions co;
     co.arch = arch_;
@@ -177,10 +200,18 @@ Status GpuEvaluator::Setup() {
     }
     KS_ASSIGN_OR_RETURN(diff_words_, helpers_.Function("diff_words"));
     KS_ASSIGN_OR_RETURN(count_not_fill_, helpers_.Function("count_not_fill"));
+    for (int i = 0; i < 4; ++i) {
+      KS_ASSIGN_OR_RETURN(hash_fn_[i], helpers_.Function(kHashNames[i]));
+    }
+    std::random_device rd;
+    for (uint64_t& k : hash_key_) k = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
+  return Status::Ok();
+}
+
+Status GpuEvaluator::LayOutMemory() {
   const Signature& sig = ref_.signature;
   const int sets = static_cast<int>(ref_.sets.size());
-  if (sets == 0) return InvalidArgument("reference has no input sets");
   // Two layouts. The pristine copy (trusted memory, never mapped by the
   // worker) holds every input set: [guard][set 0 inputs]...[set K-1
   // inputs][parameters][shifted sets' own parameters]. The arena the worker
@@ -253,8 +284,16 @@ Status GpuEvaluator::Setup() {
   }
   // The last guard runs to the end of the allocation's last page: the
   // worker maps all of it, and slack nothing checks could keep state.
-  const uint64_t arena_bytes = (off + kArenaPage - 1) / kArenaPage * kArenaPage;
-  if (!outputs_.empty()) outputs_.back().guard_bytes += arena_bytes - off;
+  arena_bytes_ = (off + kArenaPage - 1) / kArenaPage * kArenaPage;
+  if (!outputs_.empty()) outputs_.back().guard_bytes += arena_bytes_ - off;
+  return Status::Ok();
+}
+
+// The arena and the pristine copy allocated, guards written, every set's
+// inputs and parameters filled in.
+Status GpuEvaluator::FillMemory() {
+  const int sets = static_cast<int>(ref_.sets.size());
+  const uint64_t arena_bytes = arena_bytes_;
   KS_ASSIGN_OR_RETURN(arena_, DeviceBuffer::Alloc(arena_bytes));
   KS_ASSIGN_OR_RETURN(pristine_, DeviceBuffer::Alloc(inputs_end_));
   KS_ASSIGN_OR_RETURN(stats_, DeviceBuffer::Alloc(sizeof(Stats)));
@@ -276,8 +315,12 @@ Status GpuEvaluator::Setup() {
     for (const auto& slot : set_params_[s])
       if (ref_.sets[s].OwnsParameter(slot.name) && !slot.src)
         KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
-  staged_set_ = -1;
-  KS_RETURN_IF_ERROR(StageSet(0));
+  return Status::Ok();
+}
+
+// Each output's reference on every set, and its RMS.
+Status GpuEvaluator::PlaceReferenceOutputs() {
+  const int sets = static_cast<int>(ref_.sets.size());
   for (auto& o : outputs_)
     for (int s = 0; s < sets; ++s) {
       if (ref_.resident) {
@@ -294,15 +337,7 @@ Status GpuEvaluator::Setup() {
       KS_ASSIGN_OR_RETURN(double ss, ReferenceSumSquares(o, s));
       o.ref_rms.push_back(o.spec->numel() > 0 ? std::sqrt(ss / o.spec->numel()) : 0);
     }
-  KS_RETURN_IF_ERROR(LoadBounds().WithContext("the reference's bound arrays"));
-  CUipcMemHandle h;
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
-  ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
-  if (correctness_only_) return StartWorker();  // never timed: no bandwidth, no peaks
-  KS_RETURN_IF_ERROR(MeasureBandwidth());
-  if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
-  KS_RETURN_IF_ERROR(SetupOtherShapes());
-  return StartWorker();
+  return Status::Ok();
 }
 
 StatusOr<DevicePeaks> GpuEvaluator::Peaks() {
@@ -346,40 +381,6 @@ std::vector<uint64_t> GpuEvaluator::ArenaOffsets(const std::string& name) const 
   for (const auto& slot : work_params_) if (slot.name == name) off = slot.offset;
   for (const auto& o : outputs_) if (o.spec->name == name) off = o.offset;
   return {off};
-}
-
-Status GpuEvaluator::StageSet(int set) {
-  if (set < 0 || set >= static_cast<int>(set_inputs_.size())) return Internal("no input set " + std::to_string(set));
-  if (set == staged_set_) return Status::Ok();
-  for (size_t i = 0; i < work_inputs_.size(); ++i)
-    KS_RETURN_IF_ERROR(RestoreSlot(work_inputs_[i], set_inputs_[set][i]).WithContext("staging an input set"));
-  for (size_t i = 0; i < work_params_.size(); ++i)
-    if (staged_set_ < 0 || PristinePtr(set_params_[staged_set_][i]) != PristinePtr(set_params_[set][i]))
-      KS_RETURN_IF_ERROR(RestoreSlot(work_params_[i], set_params_[set][i]).WithContext("staging parameters"));
-  // The worker's launches run in another process: the copies end first.
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuCtxSynchronize(), "staging an input set"));
-  staged_set_ = set;
-  return Status::Ok();
-}
-
-Status GpuEvaluator::RestoreSlot(const TensorSlot& work, const TensorSlot& pristine) {
-  const uint64_t padded = AlignUp(work.bytes);
-  if (!pristine.src)
-    return d_->Check(d_->cuMemcpyDtoD(arena_.get() + work.offset, pristine_.get() + pristine.offset, padded),
-                     "cuMemcpyDtoD");
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoD(arena_.get() + work.offset, pristine.src, work.bytes), "cuMemcpyDtoD"));
-  if (padded == work.bytes) return Status::Ok();
-  return d_->Check(d_->cuMemsetD8(arena_.get() + work.offset + work.bytes, 0, padded - work.bytes), "cuMemsetD8");
-}
-
-StatusOr<uint64_t> GpuEvaluator::DiffSlot(const TensorSlot& work, const TensorSlot& pristine) {
-  const uint64_t padded = AlignUp(work.bytes);
-  if (!pristine.src) return CountDiffWords(arena_.get() + work.offset, pristine_.get() + pristine.offset, padded);
-  KS_ASSIGN_OR_RETURN(uint64_t body, CountDiffWords(arena_.get() + work.offset, pristine.src, work.bytes));
-  if (padded == work.bytes) return body;
-  // The padding against zero (bytes, counted as words: a change shows either way).
-  KS_ASSIGN_OR_RETURN(uint64_t pad, CountNotFill(arena_.get() + work.offset + work.bytes, padded - work.bytes, 0));
-  return body + (pad + 3) / 4;
 }
 
 wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {
@@ -462,6 +463,8 @@ Evaluation GpuEvaluator::EvaluateCompiled(const Candidate& candidate, const Comp
   }
   Judgement j(candidate, compiled);
   parts_ = RunParts{};
+  repeat_by_hash_ = false;  // until CheckCorrectness knows the kernel has no atomics
+  verified_.clear();
   j.e.device = info_.name;
   j.e.target = arch_;
   j.e.compile_log = compiled.log;
@@ -491,6 +494,8 @@ Evaluation GpuEvaluator::Conclude(Judgement& j, EvalStatus status, const std::st
   j.e.message = message;
   j.e.worker_log = TakeWorkerLog();
   j.e.eval_s = std::chrono::duration<double>(Clock::now() - j.started).count();
+  repeat_by_hash_ = false;  // the verified runs were this candidate's
+  verified_.clear();
   if (parts_.runs > 0)
     j.e.run_parts = {{"stage", parts_.stage},     {"worker", parts_.worker}, {"kernel", parts_.kernel},
                      {"compare", parts_.compare}, {"inputs", parts_.inputs}, {"guards", parts_.guards},

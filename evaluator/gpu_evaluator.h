@@ -306,6 +306,11 @@ class GpuEvaluator : public CandidateEvaluator {
 
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
   Status Setup();
+  // Setup's steps, in order.
+  Status LoadHelpers();            // the helper kernels and the hash key
+  Status LayOutMemory();           // the pristine copy's and the arena's layout (no allocation)
+  Status FillMemory();             // both allocated, guards written, the inputs filled in
+  Status PlaceReferenceOutputs();  // each output's reference per set, and its RMS
   Status LoadTensor(const std::string& path, CUdeviceptr dst, uint64_t bytes);
   // The bound array `key` (judge.h BoundKey) of set `set` on the host: `blocks` floats.
   StatusOr<std::vector<float>> ReadBound(int set, const std::string& key, int64_t blocks);
@@ -358,7 +363,7 @@ class GpuEvaluator : public CandidateEvaluator {
   StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan,
                                                        const std::vector<wire::Occupancy>& occupancy,
                                                        const Roofline& plan_roofline, int set,
-                                                       RunResult* failed);
+                                                       const std::vector<double>& timed_ms, RunResult* failed);
   double RunTimeout() const;
   // The distribution-shifted sets (ReferenceSet::transform) of a candidate
   // correct on every get_inputs() set, each run by `run`: what held goes into
@@ -386,6 +391,21 @@ class GpuEvaluator : public CandidateEvaluator {
   // Sum of squares of the finite values of a reference output (n elements).
   StatusOr<double> ReferenceSumSquares(const OutputSlot& o, int set);
   StatusOr<uint64_t> CountDiffWords(CUdeviceptr a, CUdeviceptr b, uint64_t bytes);
+  // The keyed hash (gpu_internal::HashKey) of n elements of `width` bytes at p:
+  // the same figure CompareOutput returns for an output's bits.
+  StatusOr<uint64_t> HashRange(CUdeviceptr p, uint64_t n, size_t width);
+  // The words a candidate changed in a working input slot against its set's
+  // pristine copy: 0 when its hash matches the hash the slot had when staged
+  // (one read); counted against the pristine copy otherwise (DiffSlot).
+  StatusOr<uint64_t> ChangedWords(const TensorSlot& work, const TensorSlot& pristine, uint64_t staged_hash);
+  // The staged set's working slots (inputs, then parameters) with their pristine copies and staged hashes.
+  struct StagedSlot {
+    const TensorSlot* work;
+    const TensorSlot* pristine;
+    uint64_t hash;
+  };
+  std::vector<StagedSlot> StagedSlots(int set) const;
+  std::vector<const TensorSlot*> WorkSlots() const;  // work_inputs_, then work_params_
   StatusOr<uint64_t> CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill);
   Status MeasureBandwidth();
 
@@ -400,6 +420,23 @@ class GpuEvaluator : public CandidateEvaluator {
   std::string helpers_cubin_;  // sent to the worker, which launches the pad
   CUfunction cmp_fn_[9] = {};
   CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
+  CUfunction hash_fn_[4] = {};  // hash_b8 .. hash_b64
+  uint64_t hash_key_[2] = {};   // gpu_internal::HashKey, drawn at Setup
+  // Per set: the hash of each working slot (inputs, then parameters, padding
+  // included) right after StageSet restored it from the pristine copy;
+  // computed the first time the set is staged.
+  std::vector<std::vector<uint64_t>> staged_hashes_;
+  // Per set and output, within one candidate's judgement: the hash and the
+  // figures of a run verified against the reference. A later run of a kernel
+  // without atomics must repeat it bit for bit, so its output is hashed
+  // (one read) instead of compared again (two reads); a different hash falls
+  // back to the full comparison. Cleared for each candidate.
+  struct VerifiedOutput {
+    uint64_t hash;
+    OutputError error;
+  };
+  std::vector<std::vector<std::optional<VerifiedOutput>>> verified_;
+  bool repeat_by_hash_ = false;  // the candidate has no atomics: verified_ may be used
   DeviceBuffer arena_, pristine_, stats_;
   std::map<std::string, IpcMapping> resident_maps_;  // by IPC handle: the resident bridge's allocations
   uint64_t inputs_end_ = 0;
@@ -411,6 +448,7 @@ class GpuEvaluator : public CandidateEvaluator {
   // their arena offsets, and which set they hold now (-1: none yet).
   std::vector<TensorSlot> work_inputs_, work_params_;
   uint64_t work_end_ = 0;
+  uint64_t arena_bytes_ = 0;  // whole pages (LayOutMemory)
   int staged_set_ = -1;
   uint64_t tail_guard_offset_ = 0, tail_guard_bytes_ = 0;  // a problem with no output: the guard after the inputs
   std::vector<OutputSlot> outputs_;

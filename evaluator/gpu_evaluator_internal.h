@@ -41,9 +41,13 @@ struct Stats {
   unsigned int max_abs_bits, max_rel_bits;
   unsigned long long considered, large, hash;
 };
-// An order-independent hash of an output's bits: the sum of a mix of (index, bits).
-__device__ __forceinline__ unsigned long long Mix(unsigned long long i, unsigned long long b) {
-  unsigned long long z = (i * 0x9E3779B97F4A7C15ull) ^ (b + 0x632BE59BD9B4E019ull);
+// An order-independent hash of a buffer's bits: the sum of a mix of (index,
+// bits) under a key the evaluator draws at random and never shows a
+// candidate, so no kernel can make two different buffers hash the same on
+// purpose (the hash stands for a full comparison: GpuEvaluator::CheckRun).
+struct HashKey { unsigned long long a, b; };
+__device__ __forceinline__ unsigned long long Mix(unsigned long long i, unsigned long long b, HashKey k) {
+  unsigned long long z = ((i + k.a) * 0x9E3779B97F4A7C15ull) ^ (b + k.b);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
@@ -65,7 +69,7 @@ __device__ __forceinline__ double Val(const unsigned char* p, unsigned long long
 // large error either.
 template <typename T, typename B>
 __device__ void Compare(const T* out, const T* ref, unsigned long long n, double atol, double rtol, double tiny,
-                        double large_rel, B poison, const float* bound, Stats* st) {
+                        double large_rel, B poison, const float* bound, HashKey key, Stats* st) {
   unsigned long long mism = 0, first = ~0ull, unw = 0, nonf = 0, cons = 0, large = 0, hash = 0;
   double ssd = 0, ssr = 0;
   float mabs = 0.f, mrel = 0.f;
@@ -73,7 +77,7 @@ __device__ void Compare(const T* out, const T* ref, unsigned long long n, double
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x) {
     double o = Val(out, i), r = Val(ref, i);
-    hash += Mix(i, (unsigned long long)ob[i]);
+    hash += Mix(i, (unsigned long long)ob[i], key);
     bool bad = false;
     if (ob[i] == poison) { ++unw; bad = true; }
     else if (isnan(r)) bad = !isnan(o);
@@ -126,8 +130,8 @@ __device__ void Compare(const T* out, const T* ref, unsigned long long n, double
 #define KS_CMP(name, T, B)                                                                                \
   extern "C" __global__ void name(const T* out, const T* ref, unsigned long long n, double atol, double rtol, \
                                   double tiny, double large_rel, unsigned long long poison,               \
-                                  const float* bound, Stats* st) {                                        \
-    Compare<T, B>(out, ref, n, atol, rtol, tiny, large_rel, (B)poison, bound, st);                        \
+                                  const float* bound, HashKey key, Stats* st) {                           \
+    Compare<T, B>(out, ref, n, atol, rtol, tiny, large_rel, (B)poison, bound, key, st);                   \
   }
 KS_CMP(cmp_f32, float, unsigned int)
 KS_CMP(cmp_f16, __half, unsigned short)
@@ -138,6 +142,23 @@ KS_CMP(cmp_i64, long long, unsigned long long)
 KS_CMP(cmp_i8, signed char, unsigned char)
 KS_CMP(cmp_u8, unsigned char, unsigned char)
 KS_CMP(cmp_bool, unsigned char, unsigned char)
+
+// The hash alone (Compare's, for elements of B's width): one read of the
+// buffer instead of two, where the bits are known (a run that must repeat
+// a verified run bit for bit) or the expected hash is (a pristine input).
+template <typename B>
+__device__ void HashBits(const B* p, unsigned long long n, HashKey key, unsigned long long* out) {
+  unsigned long long hash = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    hash += Mix(i, (unsigned long long)p[i], key);
+  for (int off = 16; off > 0; off >>= 1) hash += __shfl_down_sync(0xffffffffu, hash, off);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, hash);
+}
+extern "C" __global__ void hash_b8(const unsigned char* p, unsigned long long n, HashKey k, unsigned long long* o) { HashBits(p, n, k, o); }
+extern "C" __global__ void hash_b16(const unsigned short* p, unsigned long long n, HashKey k, unsigned long long* o) { HashBits(p, n, k, o); }
+extern "C" __global__ void hash_b32(const unsigned int* p, unsigned long long n, HashKey k, unsigned long long* o) { HashBits(p, n, k, o); }
+extern "C" __global__ void hash_b64(const unsigned long long* p, unsigned long long n, HashKey k, unsigned long long* o) { HashBits(p, n, k, o); }
 
 extern "C" __global__ void diff_words(const unsigned int* a, const unsigned int* b, unsigned long long n,
                                       unsigned long long* count) {
@@ -215,6 +236,11 @@ struct Stats {
   unsigned long long considered, large, hash;
 };
 
+// The key of Mix (HashKey in kHelperSource): drawn per evaluator.
+struct HashKey {
+  unsigned long long a, b;
+};
+inline const char* const kHashNames[4] = {"hash_b8", "hash_b16", "hash_b32", "hash_b64"};  // by log2(width)
 inline const char* const kCmpNames[9] = {"cmp_f32", "cmp_f16", "cmp_bf16", "cmp_f64", "cmp_i32",
                             "cmp_i64", "cmp_i8",  "cmp_u8",   "cmp_bool"};
 

@@ -96,7 +96,7 @@ std::optional<Evaluation> GpuEvaluator::ProfilePhase(Judgement& j) {
   const DevicePeaks* measured = peaks_ && peaks_->ok() ? &**peaks_ : nullptr;
   j.roofline = PlanRoofline(ref_.signature, bandwidth_gbps_, measured, opts_.peak_tflops, contract_);
   RunResult failed;
-  auto profiles = ProfileLaunches(*j.plan, j.occupancy, j.roofline, j.timing_set, &failed);
+  auto profiles = ProfileLaunches(*j.plan, j.occupancy, j.roofline, j.timing_set, j.ms, &failed);
   if (!profiles.ok()) {
     j.KeepWorst(failed.errors);
     return FailRun(j, failed, "profile run: " + failed.message, /*own_errors=*/true);
@@ -135,13 +135,18 @@ void GpuEvaluator::ReportSpeed(Judgement& j) {
 StatusOr<std::vector<LaunchProfile>> GpuEvaluator::ProfileLaunches(const ResolvedPlan& plan,
                                                                    const std::vector<wire::Occupancy>& occupancy,
                                                                    const Roofline& plan_roofline, int set,
+                                                                   const std::vector<double>& timed_ms,
                                                                    RunResult* failed) {
   // Few runs: the events inside the plan cost a few microseconds each, and
-  // these figures guide a model, they do not rank candidates.
+  // these figures guide a model, they do not rank candidates. A plan of one
+  // launch needs none: that launch's time is the plan's, which the timed
+  // runs measured (between the same two events a split run would record).
   constexpr int kProfileRuns = 5;
   const size_t n = plan.launches.size();
   std::vector<std::vector<double>> launch_ms(n);
-  for (int i = 0; i < kProfileRuns; ++i) {
+  const bool measured = n == 1 && !timed_ms.empty();
+  if (measured) launch_ms[0] = timed_ms;
+  for (int i = 0; i < kProfileRuns && !measured; ++i) {
     RunResult r = RunOnce(set, /*split=*/true);
     if (r.status != EvalStatus::kCorrect) {
       *failed = std::move(r);

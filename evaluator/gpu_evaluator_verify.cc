@@ -44,6 +44,21 @@ StatusOr<uint64_t> GpuEvaluator::CountDiffWords(CUdeviceptr a, CUdeviceptr b, ui
   return result;
 }
 
+StatusOr<uint64_t> GpuEvaluator::HashRange(CUdeviceptr p, uint64_t n, size_t width) {
+  int fn = width == 1 ? 0 : width == 2 ? 1 : width == 4 ? 2 : width == 8 ? 3 : -1;
+  if (fn < 0) return Internal("no hash for elements of " + std::to_string(width) + " bytes");
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(stats_.get(), 0, 8), "cuMemsetD8"));
+  unsigned long long count = n;
+  HashKey key{hash_key_[0], hash_key_[1]};
+  CUdeviceptr out = stats_.get();
+  void* args[] = {&p, &count, &key, &out};
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, info_.multiprocessors * 8));
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuLaunchKernel(hash_fn_[fn], grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "hash"));
+  uint64_t result = 0;
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(&result, out, 8), "cuMemcpyDtoH"));
+  return result;
+}
+
 StatusOr<uint64_t> GpuEvaluator::CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill) {
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(stats_.get(), 0, sizeof(Stats)), "cuMemsetD8"));
   unsigned long long n = bytes;
@@ -65,6 +80,7 @@ struct CompareArgs {
   double atol, rtol, tiny, large_rel;
   uint64_t poison;
   CUdeviceptr bound = 0;  // per-block bound (judge.h), or 0
+  HashKey key = {};
 };
 
 // One launch of a cmp_* helper over a whole output; the figures come back in `stats`.
@@ -73,7 +89,7 @@ StatusOr<Stats> LaunchCompare(const CudaDriver* d, CUfunction fn, CUdeviceptr st
   init.first = ~0ull;
   KS_RETURN_IF_ERROR(d->Check(d->cuMemcpyHtoD(stats, &init, sizeof init), "cuMemcpyHtoD"));
   unsigned long long poison = c.poison;
-  void* args[] = {&c.out, &c.ref, &c.n, &c.atol, &c.rtol, &c.tiny, &c.large_rel, &poison, &c.bound, &stats};
+  void* args[] = {&c.out, &c.ref, &c.n, &c.atol, &c.rtol, &c.tiny, &c.large_rel, &poison, &c.bound, &c.key, &stats};
   unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((c.n + 255) / 256, 1, max_grid));
   KS_RETURN_IF_ERROR(d->Check(d->cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "compare"));
   Stats s;
@@ -113,6 +129,7 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
     a.large_rel = tol.large_rel;
   }
   if (set < static_cast<int>(o.bounds.size())) a.bound = o.bounds[set].get();
+  a.key = HashKey{hash_key_[0], hash_key_[1]};
   PoisonPattern p;
   PoisonFor(t.dtype, &p, &a.poison);
   KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(t.dtype)], stats_.get(),
@@ -149,6 +166,8 @@ GpuEvaluator::RunResult GpuEvaluator::RunChecked(Judgement& j, int set) {
     auto& seen = j.first_bits[set][i];
     if (!seen) {
       seen = r.hashes[i];
+      // Verified against the reference: later runs of a kernel without atomics repeat it (CheckRun).
+      if (repeat_by_hash_ && i < r.errors.size()) verified_[set][i] = VerifiedOutput{r.hashes[i], r.errors[i]};
     } else if (*seen != r.hashes[i] && !j.atomics) {
       r.status = EvalStatus::kIncorrect;
       r.message = "output '" + outputs_[i].spec->name + "' differs bit for bit between two runs on input set " +
@@ -169,6 +188,8 @@ GpuEvaluator::RunResult GpuEvaluator::RunChecked(Judgement& j, int set) {
 std::optional<Evaluation> GpuEvaluator::CheckCorrectness(Judgement& j) {
   j.atomics = PtxUsesAtomics(j.compiled.ptx);
   j.first_bits.assign(ref_.sets.size(), std::vector<std::optional<uint64_t>>(outputs_.size()));
+  repeat_by_hash_ = !j.atomics;
+  verified_.assign(ref_.sets.size(), std::vector<std::optional<VerifiedOutput>>(outputs_.size()));
   const std::vector<int> checked = CheckedSets();
   std::vector<int> order = checked;
   if (!correctness_only_ && !practice_ && contract_ != Contract::kKernelBench)

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <set>
 
 #include <signal.h>
@@ -80,6 +82,17 @@ TEST(GpuEvalTest, CorrectSoftmaxPassesWithSpeedups) {
   EXPECT_EQ(e.roofline->peak_tflops, 0);
   ASSERT_EQ(e.errors.size(), 1u);
   EXPECT_LT(e.errors[0].rel_norm, 1e-5);
+  // Issue 33: one launch is profiled by the timed runs themselves (no runs
+  // of its own), and the result says where its runs spent their time.
+  ASSERT_EQ(e.launch_profiles.size(), 1u);
+  EXPECT_EQ(e.launch_profiles[0].runs, e.timing->runs);
+  std::map<std::string, double> parts(e.run_parts.begin(), e.run_parts.end());
+  for (const char* k : {"stage", "worker", "kernel", "compare", "inputs", "guards", "runs"})
+    EXPECT_TRUE(parts.count(k)) << k;
+  // Correctness, warm-up and timed runs, each counted once.
+  EXPECT_GE(parts["runs"], e.timing->runs + 3 + 1);
+  EXPECT_GT(parts["kernel"], 0);
+  EXPECT_LT(parts["kernel"], parts["worker"]) << "the plan's time is part of the worker's round trip";
   std::printf("softmax: median %.4f ms, eager %.4f ms, speedup %.2fx, %.0f GB/s (%.0f%% of floor); bandwidth probe %.0f GB/s\n",
               e.timing->median_ms, e.eager ? e.eager->median_ms : 0, *e.speedup_eager, e.roofline->achieved_gbps,
               e.roofline->fraction_of_floor * 100, ev->measured_bandwidth_gbps());

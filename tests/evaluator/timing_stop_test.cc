@@ -55,6 +55,7 @@ TEST(EvaluationJson, StopReasonAndPhasesRoundTrip) {
   e.timing = TimingStats{0.5, 0.5, 0.4, 0.6, 0.01, 5, "slower_than_best"};
   e.eager = TimingStats{0.3, 0.3, 0.3, 0.3, 0, 200, ""};
   e.phases = {{"load", 0.002}, {"timed", 0.010}, {"warmup", 0.025}};
+  e.run_parts = {{"worker", 0.03}, {"kernel", 0.02}, {"runs", 14}};
   auto j = EvaluationToJson(e);
   EXPECT_EQ(j["timing"]["stopped"], "slower_than_best");
   EXPECT_EQ(j["timing"]["cut_short"], true);
@@ -66,14 +67,18 @@ TEST(EvaluationJson, StopReasonAndPhasesRoundTrip) {
   EXPECT_TRUE(back->timing->cut_short());
   EXPECT_EQ(back->timing->runs, 5);
   EXPECT_EQ(back->phases.size(), 3u);
+  EXPECT_DOUBLE_EQ(j["run_parts_s"]["runs"].get<double>(), 14);
+  EXPECT_EQ(back->run_parts.size(), 3u);
   // An evaluation stored before these fields existed reads back without them.
   j["timing"].erase("stopped");
   j.erase("phases_s");
+  j.erase("run_parts_s");
   auto old = EvaluationFromJson(j);
   ASSERT_TRUE(old.ok());
   EXPECT_EQ(old->timing->stopped, "");
   EXPECT_FALSE(old->timing->cut_short());
   EXPECT_TRUE(old->phases.empty());
+  EXPECT_TRUE(old->run_parts.empty());
 }
 
 }  // namespace
