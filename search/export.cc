@@ -61,11 +61,18 @@ std::string Describe(const store::CandidateRow& c) {
   std::string limit;
   if (robust.is_object() && robust.value("specialised", false))
     limit = "; SPECIALISED: " + RobustnessFromJson(robust).Summary() + "; check() it on your own inputs";
-  const std::string contract = e.is_object() ? CanonicalContract(e.value("precision", "")) : "";
-  if (!contract.empty()) limit += "; precision contract " + contract;
-  if (contract == "high") limit += " (TF32-class error allowed), not exact fp32";
-  if (contract == "medium") limit += " (bf16-class error allowed), not exact fp32";
-  if (contract == "kernelbench") limit += " (atol = rtol = 1e-2), not exact fp32";
+  const std::string stored = e.is_object() ? e.value("precision", "") : "";
+  if (auto contract = ParseContract(stored); contract.ok()) {
+    limit += std::string("; precision contract ") + ContractName(*contract);
+    switch (*contract) {
+      case Contract::kHighest: break;
+      case Contract::kHigh: limit += " (TF32-class error allowed), not exact fp32"; break;
+      case Contract::kMedium: limit += " (bf16-class error allowed), not exact fp32"; break;
+      case Contract::kKernelBench: limit += " (atol = rtol = 1e-2), not exact fp32"; break;
+    }
+  } else if (!stored.empty()) {
+    limit += "; precision contract " + stored;
+  }
   if (c.evaluation->speedup_eager)
     return fmt::format("correct, {:.2f}x over PyTorch eager{}{}", *c.evaluation->speedup_eager, on, limit);
   return "correct" + on + limit;

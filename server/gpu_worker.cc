@@ -42,6 +42,13 @@ bool ReadsCountersUpFront(const EvaluatorOptions& eo) {
   return !FindNcu().empty();
 }
 
+// The contract a lease names (its search's; "" from a server that predates
+// contracts: highest), parsed where it enters the worker.
+StatusOr<Contract> LeasedContract(const std::string& name) {
+  if (name.empty()) return Contract::kHighest;
+  return ParseContract(name);
+}
+
 }  // namespace
 
 // What one GPU thread has loaded: the evaluators of one problem text under one
@@ -50,7 +57,7 @@ bool ReadsCountersUpFront(const EvaluatorOptions& eo) {
 struct GpuWorker::LoadedProblem {
   std::string problem_id;  // for lease affinity
   std::string sha;         // of the problem's source
-  std::string precision;   // the contract it judges under (each candidate's search's)
+  Contract precision = Contract::kHighest;  // the contract it judges under (each candidate's search's)
   std::unique_ptr<StoredProblemEvaluators> evaluators;
   std::string refusal;     // why the reference cannot judge kernels ("" = it can)
 };
@@ -231,7 +238,7 @@ void GpuWorker::Hold(const pb::LeaseCandidatesResponse& resp) {
 }
 
 Status GpuWorker::Load(int device, const std::string& problem_id, const pb::LeasedProblem& problem,
-                       const std::string& precision, bool practice, LoadedProblem* loaded, std::string* facts_json) {
+                       Contract precision, bool practice, LoadedProblem* loaded, std::string* facts_json) {
   if (loaded->evaluators && loaded->sha == problem.sha256() && loaded->precision == precision &&
       (!practice || loaded->evaluators->practice()))
     return Status::Ok();
@@ -244,7 +251,7 @@ Status GpuWorker::Load(int device, const std::string& problem_id, const pb::Leas
   EvaluatorOptions eo = options_.evaluator;
   eo.device = device;
   eo.gpus.clear();
-  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(precision));
+  eo.precision = precision;
   std::optional<GpuFacts> facts;
   std::vector<std::string> degenerate;
   if (practice) Log("preparing " + row.name + " with the agents' practice sets on GPU " + std::to_string(device));
@@ -268,9 +275,16 @@ void GpuWorker::JudgeCandidates(int device, const pb::LeaseCandidatesResponse& r
                                 std::string* facts_json) {
   const std::string who = options_.name + "/gpu" + std::to_string(device);
   // One evaluator per problem and precision contract (a search's --precision).
-  std::map<std::pair<std::string, std::string>, std::vector<const pb::LeasedCandidate*>> by_problem;
-  for (const auto& c : resp.candidates())
-    by_problem[{c.problem_id(), c.precision().empty() ? "highest" : c.precision()}].push_back(&c);
+  std::map<std::pair<std::string, Contract>, std::vector<const pb::LeasedCandidate*>> by_problem;
+  for (const auto& c : resp.candidates()) {
+    auto contract = LeasedContract(c.precision());
+    if (!contract.ok()) {
+      Log(contract.status().ToString() + "; giving the lease back");
+      GiveBack({c.lease_id()});
+      continue;
+    }
+    by_problem[{c.problem_id(), *contract}].push_back(&c);
+  }
   for (const auto& [key, cands] : by_problem) {
     const auto& [problem_id, precision] = key;
     std::vector<std::string> ids;
@@ -346,10 +360,12 @@ void GpuWorker::ServePractice(int device, const pb::LeaseCandidatesResponse& res
     if (stop_) return;  // Stop() gave the rest back
     pb::ReportPracticeRequest rep;
     auto p = resp.problems().find(call.problem_id());
-    const std::string precision = call.precision().empty() ? "highest" : call.precision();
+    const StatusOr<Contract> precision = LeasedContract(call.precision());
     Status ready = p == resp.problems().end()
                        ? Internal("the server sent no source for problem " + call.problem_id())
-                       : Load(device, call.problem_id(), p->second, precision, /*practice=*/true, loaded, facts_json);
+                   : !precision.ok()
+                       ? precision.status()
+                       : Load(device, call.problem_id(), p->second, *precision, /*practice=*/true, loaded, facts_json);
     if (!ready.ok()) {
       // The problem's practice evaluator cannot be made here: the agent is told why.
       Log("practice call " + call.id() + ": " + ready.ToString());

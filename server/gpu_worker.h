@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "evaluator/judge/judge.h"
 #include "search/evaluator_factory.h"
 #include "server/client.h"
 
@@ -89,7 +90,7 @@ class GpuWorker {
   // Makes (or keeps) the evaluators of `problem` under `precision` on
   // `device`, with the agents' practice evaluator when `practice`.
   Status Load(int device, const std::string& problem_id, const ::kernelsearch::v1::LeasedProblem& problem,
-              const std::string& precision, bool practice, LoadedProblem* loaded, std::string* facts_json);
+              Contract precision, bool practice, LoadedProblem* loaded, std::string* facts_json);
   // Judges a lease answer's candidates, problem by problem, and reports each.
   void JudgeCandidates(int device, const ::kernelsearch::v1::LeaseCandidatesResponse& resp, LoadedProblem* loaded,
                        std::string* facts_json);
