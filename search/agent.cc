@@ -121,6 +121,18 @@ Message ToolMessage(const store::AttemptRow& row) {
 
 }  // namespace
 
+const char* AgentStopName(AgentStop stop) {
+  switch (stop) {
+    case AgentStop::kSubmitted: return "submitted";
+    case AgentStop::kAnswered: return "answered";
+    case AgentStop::kTurns: return "turns";
+    case AgentStop::kToolCalls: return "tool calls";
+    case AgentStop::kTokens: return "tokens";
+    case AgentStop::kRefused: return "refused";
+  }
+  return "turns";
+}
+
 TemplateVars AgentTemplateVars(const AgentLimits& limits, bool profile) {
   TemplateVars v;
   v.Set("max_tool_calls", std::to_string(limits.max_tool_calls));
@@ -257,17 +269,17 @@ StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
   std::optional<Candidate> last_correct;
   const AgentLimits& lim = task.limits;
   for (int turn = 0;; ++turn) {
-    if (turn >= lim.max_turns) { out.stop = "turns"; break; }
-    if (out.tool_calls >= lim.max_tool_calls) { out.stop = "tool calls"; break; }
-    if (lim.max_tokens > 0 && out.tokens >= lim.max_tokens) { out.stop = "tokens"; break; }
+    if (turn >= lim.max_turns) { out.stop = AgentStop::kTurns; break; }
+    if (out.tool_calls >= lim.max_tool_calls) { out.stop = AgentStop::kToolCalls; break; }
+    if (lim.max_tokens > 0 && out.tokens >= lim.max_tokens) { out.stop = AgentStop::kTokens; break; }
     KS_ASSIGN_OR_RETURN(auto reply, host->Converse(conv, implementation.Turn(turn).Format()));
-    if (!reply) { out.stop = "refused"; break; }
+    if (!reply) { out.stop = AgentStop::kRefused; break; }
     ++out.turns;
     out.tokens += reply->tokens_in + reply->tokens_out;
     conv.messages.push_back(reply->message);
     if (reply->message.tool_calls.empty()) {
       out.final_text = reply->message.text;
-      out.stop = "answered";
+      out.stop = AgentStop::kAnswered;
       return out;
     }
     for (int i = 0; i < static_cast<int>(reply->message.tool_calls.size()); ++i) {
@@ -286,7 +298,7 @@ StatusOr<AgentOutcome> RunAgent(const AgentTask& task, AgentHost* host) {
       if (row.tool == "submit" && !row.is_error) {
         out.candidate = Candidate{row.source, row.plan_json};
         out.submitted = true;
-        out.stop = "submitted";
+        out.stop = AgentStop::kSubmitted;
         return out;
       }
     }

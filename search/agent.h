@@ -88,6 +88,18 @@ struct AgentTask {
   const PromptLibrary* prompts = nullptr;
 };
 
+// Why an agent's conversation ended.
+enum class AgentStop {
+  kSubmitted,  // the submit tool took a candidate
+  kAnswered,   // a reply without tool calls (parsed as a one-shot reply)
+  kTurns,      // AgentLimits::max_turns reached
+  kToolCalls,  // AgentLimits::max_tool_calls reached
+  kTokens,     // AgentLimits::max_tokens reached
+  kRefused,    // the search's budget refused the next turn, or the turn failed
+};
+// "submitted", "answered", "turns", "tool calls", "tokens", "refused".
+const char* AgentStopName(AgentStop stop);
+
 struct AgentOutcome {
   // The candidate to judge: the one submitted or, when the agent ran out of
   // budget first, the last one that tested correct on practice sets.
@@ -96,7 +108,7 @@ struct AgentOutcome {
   // one-shot reply by the caller), else "".
   std::string final_text;
   bool submitted = false;
-  std::string stop;           // "submitted", "answered", "turns", "tool calls", "tokens", "refused"
+  AgentStop stop = AgentStop::kTurns;
   int turns = 0;
   int tool_calls = 0;
   int64_t tokens = 0;

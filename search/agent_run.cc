@@ -106,7 +106,7 @@ Status Orchestrator::SearchRun::AgentImplement(const IdeaRow& idea, std::optiona
   KS_ASSIGN_OR_RETURN(AgentOutcome outcome, std::move(ran));
   CandidateRow c{.search_id = search_id_, .round = idea.round, .idea_id = idea.id, .parent_candidate = parent,
                  .kind = CandidateKind::kPrimary, .branch = branch, .slot_key = slot};
-  if (outcome.stop == "answered") return StoreReply(c, outcome.final_text);  // no tools: a one-shot reply
+  if (outcome.stop == AgentStop::kAnswered) return StoreReply(c, outcome.final_text);  // no tools: a one-shot reply
   if (!outcome.candidate) return Status::Ok();  // refused or out of budget with nothing correct: no candidate
   KS_ASSIGN_OR_RETURN(auto existing, store_->FindCandidateBySlot(search_id_, slot));
   c.source = outcome.candidate->source;

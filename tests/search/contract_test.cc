@@ -406,7 +406,7 @@ TEST_F(BrokenAgentTemplate, TheAgentStopsBeforeAnyModelTurn) {
   task.prompts = nullptr;
   auto ok = RunAgent(task, &host);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
-  EXPECT_EQ(ok->stop, "refused");
+  EXPECT_EQ(ok->stop, AgentStop::kRefused) << AgentStopName(ok->stop);
   EXPECT_EQ(host.calls, 1);
 }
 
