@@ -4,11 +4,14 @@
 
 #include <cstdlib>
 
+#include "tests/testing/temp_dir.h"
+
 namespace ks {
 namespace {
 
 TEST(FilesTest, WriteThenReadRoundTrips) {
-  std::string p = testing::TempDir() + "/ks_files_test.txt";
+  ks::testing::TempDir dir("ks_files_test_");
+  std::string p = (dir / "data.txt").string();
   ASSERT_TRUE(WriteFile(p, "data\n").ok());
   auto r = ReadFile(p);
   ASSERT_TRUE(r.ok());
@@ -23,7 +26,8 @@ TEST(FilesTest, MissingFileNamesThePath) {
 }
 
 TEST(FilesTest, OversizedFileIsRefused) {
-  std::string p = testing::TempDir() + "/ks_big.txt";
+  ks::testing::TempDir dir("ks_files_test_");
+  std::string p = (dir / "big.txt").string();
   ASSERT_TRUE(WriteFile(p, std::string(2000, 'x')).ok());
   auto r = ReadFile(p, 1000);
   EXPECT_EQ(r.status().code(), Code::kResourceExhausted);

@@ -20,6 +20,7 @@
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
+#include "tests/testing/copy_problem.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
@@ -54,17 +55,7 @@ json Turn(const std::vector<std::pair<std::string, std::string>>& calls) {
 class AgentE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(WriteFile(Path("copy.py"), "import torch\n\nclass Model(torch.nn.Module):\n"
-                                           "    def forward(self, x):\n        return x.clone()\n\n"
-                                           "def get_inputs():\n    return [torch.randn(1024)]\n\n"
-                                           "def get_init_inputs():\n    return []\n")
-                    .ok());
-    Signature sig;
-    sig.name = "copy";
-    sig.file = Path("copy.py");
-    sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    ASSERT_TRUE(WriteFile(Path("signature.json"), SignatureToJson(sig).dump()).ok());
+    copy_ = ks::testing::WriteCopyProblem(dir_.path());
     json turns = json::array({Turn({{"compile", "FAKE_STATUS(compile_error)"}}),
                               Turn({{"compile", "fixed"}, {"test", "FAKE_STATUS(incorrect)"}}),
                               Turn({{"test", "FAKE_MS(0.5)"}}), Turn({{"submit", "FAKE_MS(0.5)"}})});
@@ -93,13 +84,14 @@ print(json.dumps(json.load(open(os.path.join(here, "turns.json")))[turn]))
   }
 
   ks::testing::TempDir dir_{"ks_agent_e2e_", ks::testing::TempDir::OnFailure::kKeep};
+  ks::testing::CopyProblem copy_;
 };
 
 TEST_F(AgentE2eTest, KillNineMidConversationThenResumeRepeatsNoModelCall) {
   const std::string db = Path("agent.db"), log = Path("evals.log");
   // Slow practice evaluations, so that the kill lands inside turn 1's tool calls.
   ASSERT_TRUE(WriteFile(Path("eval.json"), json{{"log", log}, {"delay_ms", 400}}.dump()).ok());
-  std::vector<std::string> args = {kBinary, "search", Path("copy.py"), "--db", db, "--signature", Path("signature.json"),
+  std::vector<std::string> args = {kBinary, "search", copy_.file, "--db", db, "--signature", copy_.signature,
                                    "--model", "command:python3 " + Path("agent.py"), "--rounds", "0",
                                    "--branches", "1", "--repair", "0", "--profile-top", "0",
                                    "--implement", "agent", "--evaluator", "fake:" + Path("eval.json"),
@@ -152,8 +144,8 @@ TEST_F(AgentE2eTest, KillNineMidConversationThenResumeRepeatsNoModelCall) {
 }
 
 TEST_F(AgentE2eTest, GenerateOnlyRefusesAnAgentSearchSayingWhy) {
-  SubprocessResult r = Run({kBinary, "search", Path("copy.py"), "--db", Path("split.db"), "--signature",
-                            Path("signature.json"), "--model", "command:python3 " + Path("agent.py"), "--rounds", "0",
+  SubprocessResult r = Run({kBinary, "search", copy_.file, "--db", Path("split.db"), "--signature",
+                            copy_.signature, "--model", "command:python3 " + Path("agent.py"), "--rounds", "0",
                             "--implement", "agent", "--generate-only", "--gpu", "Fake GPU 1", "--quiet"});
   EXPECT_FALSE(r.Succeeded());
   EXPECT_NE(r.err.find("need the GPU side"), std::string::npos) << r.err;

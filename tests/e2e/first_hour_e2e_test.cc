@@ -27,6 +27,9 @@
 #include "server/client.h"
 #include "store/lineage_store.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/copy_problem.h"
+#include "tests/testing/fake_model.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/skip.h"
 #include "tests/testing/temp_dir.h"
 
@@ -39,7 +42,7 @@ using store::LineageStore;
 using store::SearchStatus;
 
 const std::string kBinary = KS_CLI_BINARY;
-const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/tests/search/fixtures/fake_model.sh";
+const std::string kModel = ks::testing::FakeModelCommand();
 
 class FirstHourTest : public ::testing::Test {
  protected:
@@ -56,18 +59,8 @@ class FirstHourTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : SubprocessResult{};
   }
-  // A 1-D copy problem with a --signature file (no torch needed).
-  std::vector<std::string> CopyProblem() {
-    std::string py = Write("copy.py", "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
-                                      "        return x.clone()\n\ndef get_inputs():\n    return [torch.randn(1024)]\n\n"
-                                      "def get_init_inputs():\n    return []\n");
-    Signature sig;
-    sig.name = "copy";
-    sig.file = py;
-    sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    return {py, "--signature", Write("copy.sig.json", SignatureToJson(sig).dump())};
-  }
+  // The copy problem with a --signature file (no torch needed).
+  std::vector<std::string> CopyProblem() { return ks::testing::WriteCopyProblem(dir_.path()).Args(); }
   std::string FakeEvaluator() { return "fake:" + Write("eval.json", R"({"eager_ms": 2.0})"); }
 
   ks::testing::TempDir dir_{"ks_first_hour_", ks::testing::TempDir::OnFailure::kKeep};
@@ -133,9 +126,8 @@ TEST_F(FirstHourTest, EveryCallFailedIsAFailedSearchThatResumesWithAnotherModel)
   // of its kernels fail follows a hash of the prompt's text, and the search
   // keeps --repair 0.)
   const std::string always_correct =
-      "command:/bin/sh " + Write("correct_model.sh", "/bin/sh " + std::string(KS_SOURCE_DIR) +
-                                                         "/tests/search/fixtures/fake_model.sh | "
-                                                         "sed 's/ FAKE_STATUS(incorrect)//'\n");
+      "command:/bin/sh " + Write("correct_model.sh", "KS_FAKE_MODEL_CORRECT=1 exec /bin/sh '" +
+                                                         ks::testing::SourcePath("tests/testing/fake_model.sh") + "'\n");
   SubprocessResult resumed = Run({kBinary, "search", "--resume", "1", "--db", db, "--model", always_correct,
                                   "--evaluator", FakeEvaluator(), "--quiet"});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.Describe() << "\nstderr: " << resumed.err;
@@ -300,9 +292,10 @@ namespace {
 // `kernelsearch doctor`: one line per check; on a machine without a GPU it
 // names that and says what to do, and still checks the rest.
 TEST(FirstHourDoctor, OneLinePerCheckWithWhatToDo) {
+  ks::testing::TempDir dir("ks_doctor_");
   SubprocessOptions o;
   o.argv = {KS_CLI_BINARY, "doctor", "--model", "command:cat", "--db",
-            (std::filesystem::temp_directory_path() / "ks_doctor_none.db").string()};
+            (dir / "none.db").string()};
   o.timeout_s = 120;
   auto r = RunSubprocess(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

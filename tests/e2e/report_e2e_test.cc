@@ -18,6 +18,7 @@
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
+#include "tests/testing/fake_model.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
@@ -25,7 +26,7 @@ namespace {
 
 const std::string kBinary = KS_CLI_BINARY;
 const std::string kChromium = "/usr/bin/chromium";
-const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/tests/search/fixtures/fake_model.sh";
+const std::string kModel = ks::testing::FakeModelCommand();
 
 class ReportE2eTest : public ::testing::Test {
  protected:

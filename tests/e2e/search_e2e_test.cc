@@ -1,5 +1,5 @@
 // End-to-end tests of `kernelsearch search` as a user runs it: the real binary,
-// a `command:` model (tests/search/fixtures/fake_model.sh, which answers each
+// a `command:` model (tests/testing/fake_model.sh, which answers each
 // prompt with a reply derived from the prompt's hash, so every process gets the
 // same answers) and the scripted fake evaluator, whose log file records every
 // evaluation across processes. No torch and no GPU: the problem's signature
@@ -36,6 +36,9 @@
 #include "common/subprocess.h"
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
+#include "tests/testing/copy_problem.h"
+#include "tests/testing/fake_model.h"
+#include "tests/testing/lineage.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
@@ -45,30 +48,9 @@ using store::LineageStore;
 using store::SearchStatus;
 
 const std::string kBinary = KS_CLI_BINARY;
-const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/tests/search/fixtures/fake_model.sh";
+const std::string kModel = ks::testing::FakeModelCommand();
 
-// What a lineage is, independent of row ids (they depend on thread timing):
-// one tuple per candidate (round, kind, idea text, parent content, content,
-// status).
-using LineageKey = std::tuple<int, std::string, std::string, std::string, std::string, std::string>;
-std::multiset<LineageKey> CanonicalLineage(const std::string& db, int64_t search_id) {
-  std::multiset<LineageKey> out;
-  auto store = LineageStore::Open(db);
-  EXPECT_TRUE(store.ok()) << store.status().ToString();
-  if (!store.ok()) return out;
-  auto cands = (*store)->ListCandidates(search_id);
-  EXPECT_TRUE(cands.ok()) << cands.status().ToString();
-  if (!cands.ok()) return out;
-  std::map<int64_t, std::string> hash_of;
-  for (const auto& c : *cands) hash_of[c.id] = c.content_hash;
-  for (const auto& c : *cands) {
-    std::string idea = c.idea_id ? (*store)->GetIdea(*c.idea_id)->text : "";
-    std::string parent = c.parent_candidate ? hash_of[*c.parent_candidate] : "";
-    std::string status = c.evaluation ? EvalStatusName(c.evaluation->status) : "pending";
-    out.insert({c.round, store::CandidateKindName(c.kind), idea, parent, c.content_hash, status});
-  }
-  return out;
-}
+using ks::testing::CanonicalLineage;
 
 std::vector<std::string> ReadLines(const std::string& path) {
   std::vector<std::string> out;
@@ -95,19 +77,9 @@ nlohmann::json Outcome(const std::string& out) {
 class SearchE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    problem_ = Path("copy.py");
-    ASSERT_TRUE(WriteFile(problem_, "import torch\n\nclass Model(torch.nn.Module):\n"
-                                    "    def forward(self, x):\n        return x.clone()\n\n"
-                                    "def get_inputs():\n    return [torch.randn(1024)]\n\n"
-                                    "def get_init_inputs():\n    return []\n")
-                    .ok());
-    Signature sig;
-    sig.name = "copy";
-    sig.file = problem_;
-    sig.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    sig.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    signature_ = Path("signature.json");
-    ASSERT_TRUE(WriteFile(signature_, SignatureToJson(sig).dump()).ok());
+    auto copy = ks::testing::WriteCopyProblem(dir_.path());
+    problem_ = copy.file;
+    signature_ = copy.signature;
   }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }

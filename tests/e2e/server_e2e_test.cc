@@ -14,6 +14,7 @@
 #include "store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/skip.h"
 
 namespace ks::e2e {
 namespace {
@@ -644,8 +645,7 @@ TEST(ServerE2E, TlsAndLoopbackPolicy) {
 // The whole user path through the reference bridge: needs python3 with torch
 // (the GPU machines have it; skipped where it is absent).
 TEST(ServerE2E, SubmitProblemThroughTheBridgeThenSearch) {
-  auto py = ResolvePython();
-  if (!py.ok()) GTEST_SKIP() << "no python3 with torch: " << py.status().message();
+  KS_REQUIRE_TORCH();
   ServerHarness h;
   h.Start();
   auto c = h.Connect();

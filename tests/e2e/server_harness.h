@@ -25,25 +25,20 @@
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
 #include "server/client.h"
+#include "tests/testing/copy_problem.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks::e2e {
 
-inline constexpr char kModelScript[] = R"SH(#!/bin/sh
-# A stand-in model: ideas as a JSON list, kernels carrying FAKE_MS markers for
-# the scripted evaluator. Each implementation differs (random time).
-p=$(cat | sha256sum | cut -c1-8)
-# Each call counted where the model is (tests of cancel count calls made after it).
-[ -n "$KS_TEST_LLM_COUNT" ] && echo "$KS_LLM_ROLE" >> "$KS_TEST_LLM_COUNT"
-sleep ${KS_TEST_LLM_SLEEP:-0}
-if [ "$KS_LLM_ROLE" = ideas ]; then
-  printf '```json\n[{"title": "a-%s", "idea": "tile it %s"}, {"title": "b-%s", "idea": "vectorize it %s"}]\n```\n' $p $p $p $p
-else
-  r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
-  ms=$(awk -v r=$r 'BEGIN{printf "%.3f", 0.1 + (r % 1000)/1000.0}')
-  printf '```cuda\nextern "C" __global__ void k_%s_%s(float* out, const float* x, int n) { /* FAKE_MS(%s) */ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = x[i]; }\n```\n```json\n{"launches": [{"kernel": "k_%s_%s", "grid": ["cdiv(x.numel, 256)"], "block": [256], "args": ["out", "x", "x.numel"]}]}\n```\n' $p $r $ms $p $r
-fi
-)SH";
+// The stand-in model: tests/testing/fake_model.sh with every kernel different
+// (a random time, so that K branches of one prompt are K candidates), two ideas
+// a reply, and every call counted where the model is (tests of cancel count
+// calls made after it).
+inline std::string ModelScript() {
+  return "#!/bin/sh\nKS_FAKE_MODEL_VARY=1 KS_FAKE_MODEL_CORRECT=1 KS_FAKE_MODEL_IDEAS=2 exec /bin/sh '" +
+         ks::testing::SourcePath("tests/testing/fake_model.sh") + "'\n";
+}
 
 // A problem whose reference is degenerate (all zeros): the GPU side refuses to judge kernels against it.
 inline constexpr const char* kZerosProblem =
@@ -64,7 +59,7 @@ class ServerHarness {
   explicit ServerHarness(HarnessOptions o = {}) : opts_(std::move(o)) {
     token_ = Sha256Hex(dir_.string() + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
     Check(WriteFile(Path("token"), token_ + "\n"));
-    Check(WriteFile(Path("model.sh"), kModelScript));
+    Check(WriteFile(Path("model.sh"), ModelScript()));
     std::filesystem::permissions(Path("model.sh"), std::filesystem::perms::owner_all);
     nlohmann::json ev = {{"delay_ms", opts_.eval_delay_ms}, {"log", Path("evaluated.log")},
                          {"check_reference", opts_.check_reference}};
@@ -83,16 +78,11 @@ class ServerHarness {
   int64_t SeedProblem(const std::string& name = "copy") {
     auto store = store::LineageStore::Open(db());
     Check(store.status());
-    Signature s;
-    s.name = name;
-    s.file = name + ".py";
-    s.inputs.push_back({.name = "x", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
-    s.outputs.push_back({.name = "out", .dtype = DType::kFloat32, .shape = {1024}, .strides = {1}});
     store::ProblemRow row;
     row.name = name;
     row.file_path = name + ".py";
-    row.source = "# " + name + "\nimport torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x.clone()\n";
-    row.signature_json = SignatureToJson(s).dump();
+    row.source = "# " + name + "\n" + ks::testing::kCopyProblemSource;  // the name makes each problem's hash its own
+    row.signature_json = SignatureToJson(ks::testing::CopySignature(row.file_path, name)).dump();
     row.sha256 = Sha256Hex(row.source);
     auto id = (*store)->PutProblem(row);
     Check(id.status());
@@ -106,8 +96,8 @@ class ServerHarness {
     argv.push_back("--evaluator");
     argv.push_back(opts_.evaluator.empty() ? "fake:" + Path("evaluator.json") : opts_.evaluator);
     for (const auto& a : opts_.extra_args) argv.push_back(a);
-    std::map<std::string, std::string> env = {{"KS_TEST_LLM_SLEEP", std::to_string(opts_.llm_sleep_s)},
-                                              {"KS_TEST_LLM_COUNT", Path("llm_calls.log")}};
+    std::map<std::string, std::string> env = {{"KS_FAKE_MODEL_DELAY", std::to_string(opts_.llm_sleep_s)},
+                                              {"KS_FAKE_MODEL_CALLS", Path("llm_calls.log")}};
     auto child = ChildProcess::Start(argv, env, Path("server.log." + std::to_string(starts_++)));
     Check(child.status());
     child_ = std::move(child).value();

@@ -202,7 +202,7 @@ TEST(SlurmE2E, TwoWorkerJobsOneScancelledEveryCandidateEvaluatedOnce) {
   ASSERT_FALSE(started.search_id.empty());
 
   // The shipped job script, less its GPU request (this node has no GPUs).
-  auto script = ReadFile(std::string(KS_SOURCE_DIR) + "/deploy/slurm/gpu-worker.sbatch");
+  auto script = ReadFile(ks::testing::SourcePath("deploy/slurm/gpu-worker.sbatch"));
   ASSERT_TRUE(script.ok()) << script.status().ToString();
   std::string local;
   for (size_t pos = 0; pos < script->size();) {

@@ -1,6 +1,6 @@
 // End-to-end tests of suites as a user runs them: the real binary on a small
 // "level" folder.
-//  - `kernelsearch suite DIR` with a `command:` model (tests/search/fixtures/
+//  - `kernelsearch suite DIR` with a `command:` model (tests/testing/
 //    fake_model.sh) and the scripted fake evaluator; signatures and the
 //    degenerate check from the real reference bridge on the CPU (tiny
 //    problems). A problem with a syntax error and one with a degenerate
@@ -25,6 +25,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
+#include "tests/testing/fake_model.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
@@ -32,7 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string kBinary = KS_CLI_BINARY;
-const std::string kModel = "command:/bin/sh " + std::string(KS_SOURCE_DIR) + "/tests/search/fixtures/fake_model.sh";
+const std::string kModel = ks::testing::FakeModelCommand();
 
 std::vector<std::string> ReadLines(const std::string& path) {
   std::vector<std::string> out;

@@ -100,8 +100,9 @@ TEST(CliTest, ProblemCheckExitsOneOnDegenerateOutputs) {
 // judged by a reference that cannot tell right from wrong.
 TEST(CliTest, ASearchOnADegenerateProblemNeedsAllowDegenerate) {
   KS_REQUIRE_TORCH();
-  std::string db = ::testing::TempDir() + "/ks_degenerate_" + std::to_string(getpid()) + ".db";
-  std::string fake = ::testing::TempDir() + "/ks_degenerate_fake_" + std::to_string(getpid()) + ".json";
+  TempDir dir("ks_degenerate_");
+  std::string db = (dir / "lineage.db").string();
+  std::string fake = (dir / "fake.json").string();
   ASSERT_TRUE(WriteFile(fake, "{\"check_reference\": true}").ok());
   SubprocessResult refused = RunCli({"search", Fixture("all_zeros.py"), "--model", "command:cat", "--db", db,
                                      "--evaluator", "fake:" + fake});
@@ -135,7 +136,8 @@ TEST(CliTest, ASearchOnADegenerateProblemNeedsAllowDegenerate) {
 TEST(CliTest, SearchUsesThePythonItIsGiven) {
   // An interpreter without torch: the search must fail on it, naming it,
   // rather than quietly finding another python.
-  std::string db = ::testing::TempDir() + "/ks_python_flag_" + std::to_string(getpid()) + ".db";
+  TempDir dir("ks_python_flag_");
+  std::string db = (dir / "lineage.db").string();
   SubprocessResult r = RunCli({"search", Fixture("matmul.py"), "--model", "command:cat", "--db", db, "--python",
                                "/bin/false", "--quiet", "--generate-only"});
   EXPECT_NE(r.exit_code, 0);

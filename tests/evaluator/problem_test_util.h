@@ -1,6 +1,7 @@
 // What the problem_*_test.cc files share (they make one binary, problem_test):
 // the evaluator's fixture problems, reading a reference set's tensors, CPU
-// reference options and running the real `kernelsearch` binary.
+// reference options and running the real `kernelsearch` binary (found as
+// tests/testing/paths.h finds it, so that a packaged dist/ runs these too).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +47,7 @@ inline ReferenceOptions CpuOptions(const std::string& cache, int sets = 2, uint6
 
 inline SubprocessResult RunCli(std::vector<std::string> args) {
   SubprocessOptions o;
-  o.argv = {KS_KERNELSEARCH_BIN};
+  o.argv = {ks::testing::CliBinary()};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.timeout_s = 300;
   auto r = RunSubprocess(o);
