@@ -18,7 +18,6 @@
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
 #include "search/evaluator_factory.h"
-#include "search/evaluator_pool.h"
 #include "search/suite.h"
 
 namespace ks::cli {
