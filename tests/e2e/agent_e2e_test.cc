@@ -21,13 +21,14 @@
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
 #include "tests/testing/copy_problem.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
 
 using json = nlohmann::json;
-const std::string kBinary = KS_CLI_BINARY;
+const std::string kBinary = ks::testing::CliBinary();
 
 std::vector<std::string> ReadLines(const std::string& path) {
   std::vector<std::string> out;

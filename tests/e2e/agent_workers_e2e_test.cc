@@ -23,6 +23,7 @@
 #include "store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/paths.h"
 
 namespace ks::e2e {
 namespace {
@@ -102,7 +103,7 @@ class AgentWorkersE2eTest : public ::testing::Test {
   }
 
   ChildProcess StartWorker(const std::string& name, double lease_s) {
-    std::vector<std::string> argv = {KS_CLI_BINARY, "gpu-worker", "--server", h_->address(), "--token-file",
+    std::vector<std::string> argv = {ks::testing::CliBinary(), "gpu-worker", "--server", h_->address(), "--token-file",
                                      h_->Path("token"), "--evaluator", "fake:" + h_->Path("evaluator.json"),
                                      "--gpus", "0", "--name", name, "--lease-seconds", std::to_string(lease_s),
                                      "--poll", "0.2"};

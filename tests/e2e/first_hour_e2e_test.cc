@@ -41,7 +41,7 @@ namespace fs = std::filesystem;
 using store::LineageStore;
 using store::SearchStatus;
 
-const std::string kBinary = KS_CLI_BINARY;
+const std::string kBinary = ks::testing::CliBinary();
 const std::string kModel = ks::testing::FakeModelCommand();
 
 class FirstHourTest : public ::testing::Test {
@@ -294,7 +294,7 @@ namespace {
 TEST(FirstHourDoctor, OneLinePerCheckWithWhatToDo) {
   ks::testing::TempDir dir("ks_doctor_");
   SubprocessOptions o;
-  o.argv = {KS_CLI_BINARY, "doctor", "--model", "command:cat", "--db",
+  o.argv = {ks::testing::CliBinary(), "doctor", "--model", "command:cat", "--db",
             (dir / "none.db").string()};
   o.timeout_s = 120;
   auto r = RunSubprocess(o);

@@ -23,6 +23,7 @@
 #include "server/client.h"
 #include "tests/e2e/gpu_worker_checks.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/skip.h"
 
 namespace ks::e2e {
@@ -33,7 +34,7 @@ using namespace std::chrono_literals;
 
 ChildProcess StartWorker(const ServerHarness& h, const std::string& name, double lease_s,
                          const std::string& token_file = "", const std::string& gpus = "0") {
-  std::vector<std::string> argv = {KS_CLI_BINARY,  "gpu-worker",
+  std::vector<std::string> argv = {ks::testing::CliBinary(),  "gpu-worker",
                                    "--server",     h.address(),
                                    "--token-file", token_file.empty() ? h.Path("token") : token_file,
                                    "--evaluator",  "fake:" + h.Path("evaluator.json"),
@@ -257,7 +258,7 @@ TEST(GpusFlag, SearchAndEvaluatePendingRunOnAPool) {
   ASSERT_TRUE(WriteFile(h.Path("signature.json"), problem->signature_json).ok());
   auto run = [&](std::vector<std::string> args) {
     SubprocessOptions o;
-    o.argv = {KS_CLI_BINARY};
+    o.argv = {ks::testing::CliBinary()};
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.timeout_s = 120;
     auto r = RunSubprocess(o);

@@ -19,12 +19,13 @@
 #include "evaluator/signature.h"
 #include "store/lineage_store.h"
 #include "tests/testing/fake_model.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
 
-const std::string kBinary = KS_CLI_BINARY;
+const std::string kBinary = ks::testing::CliBinary();
 const std::string kChromium = "/usr/bin/chromium";
 const std::string kModel = ks::testing::FakeModelCommand();
 

@@ -39,6 +39,7 @@
 #include "tests/testing/copy_problem.h"
 #include "tests/testing/fake_model.h"
 #include "tests/testing/lineage.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
@@ -47,7 +48,7 @@ namespace {
 using store::LineageStore;
 using store::SearchStatus;
 
-const std::string kBinary = KS_CLI_BINARY;
+const std::string kBinary = ks::testing::CliBinary();
 const std::string kModel = ks::testing::FakeModelCommand();
 
 using ks::testing::CanonicalLineage;

@@ -14,6 +14,7 @@
 #include "store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/skip.h"
 
 namespace ks::e2e {
@@ -234,18 +235,18 @@ TEST(ServerE2E, SearchRunsWatchedToTheEndThenBrowsed) {
 
   // The same flow through the CLI client.
   SubprocessOptions cli;
-  cli.argv = {KS_CLI_BINARY, "remote", "history", "--server", h.address(), "--token-file", h.Path("token")};
+  cli.argv = {ks::testing::CliBinary(), "remote", "history", "--server", h.address(), "--token-file", h.Path("token")};
   cli.unset_env = {"KS_SERVER_TOKEN"};
   auto out = RunSubprocess(cli);
   ASSERT_TRUE(out.ok());
   EXPECT_TRUE(out->Succeeded()) << out->err;
   EXPECT_NE(out->out.find("search " + id), std::string::npos) << out->out;
-  cli.argv = {KS_CLI_BINARY, "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
+  cli.argv = {ks::testing::CliBinary(), "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
   out = RunSubprocess(cli);
   ASSERT_TRUE(out.ok());
   EXPECT_TRUE(out->Succeeded()) << out->err;
   EXPECT_NE(out->out.find("finished"), std::string::npos) << out->out;
-  cli.argv = {KS_CLI_BINARY, "remote", "best", id, "--server", h.address()};
+  cli.argv = {ks::testing::CliBinary(), "remote", "best", id, "--server", h.address()};
   cli.env = {{"KS_SERVER_TOKEN", "not-the-token-not-the-token"}};
   out = RunSubprocess(cli);
   ASSERT_TRUE(out.ok());
@@ -278,7 +279,7 @@ TEST(ServerE2E, ReportOverTheApi) {
   EXPECT_EQ(h.Connect("not-the-token-not-the-token")->GetReport(req).status().code(), Code::kUnauthenticated);
 
   SubprocessOptions cli;
-  cli.argv = {KS_CLI_BINARY, "remote", "report", id, "--out", h.Path("remote.html"), "--server", h.address(),
+  cli.argv = {ks::testing::CliBinary(), "remote", "report", id, "--out", h.Path("remote.html"), "--server", h.address(),
               "--token-file", h.Path("token")};
   cli.unset_env = {"KS_SERVER_TOKEN"};
   auto out = RunSubprocess(cli);
@@ -341,7 +342,7 @@ TEST(ServerE2E, FailedModelCallsReachTheWatchStream) {
   EXPECT_GE(fin.failed_llm_calls(), 2) << fin.DebugString();  // at least both branches of round 0
   EXPECT_NE(fin.first_llm_error().find("HTTP 401 invalid api key"), std::string::npos) << fin.DebugString();
   SubprocessOptions cli;
-  cli.argv = {KS_CLI_BINARY, "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
+  cli.argv = {ks::testing::CliBinary(), "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
   cli.unset_env = {"KS_SERVER_TOKEN"};
   auto out = RunSubprocess(cli);
   ASSERT_TRUE(out.ok());
@@ -463,17 +464,17 @@ TEST(ServerE2E, AFinishedSearchContinuesWithMoreRounds) {
   // The same through the CLI: `kernelsearch continue`, then `watch` to its end.
   SubprocessOptions cli;
   cli.unset_env = {"KS_SERVER_TOKEN"};
-  cli.argv = {KS_CLI_BINARY, "continue", id, "--rounds", "2", "--server", h.address(), "--token-file", h.Path("token")};
+  cli.argv = {ks::testing::CliBinary(), "continue", id, "--rounds", "2", "--server", h.address(), "--token-file", h.Path("token")};
   auto refused = RunSubprocess(cli);
   ASSERT_TRUE(refused.ok());
   EXPECT_FALSE(refused->Succeeded());
   EXPECT_NE(refused->err.find("ran its 2 rounds already"), std::string::npos) << refused->err;
-  cli.argv = {KS_CLI_BINARY, "continue", id, "--rounds", "3", "--server", h.address(), "--token-file", h.Path("token")};
+  cli.argv = {ks::testing::CliBinary(), "continue", id, "--rounds", "3", "--server", h.address(), "--token-file", h.Path("token")};
   auto queued = RunSubprocess(cli);
   ASSERT_TRUE(queued.ok());
   ASSERT_TRUE(queued->Succeeded()) << queued->err << h.Log();
   EXPECT_NE(queued->out.find("search " + id + " queued for rounds up to 3"), std::string::npos) << queued->out;
-  cli.argv = {KS_CLI_BINARY, "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
+  cli.argv = {ks::testing::CliBinary(), "watch", id, "--server", h.address(), "--token-file", h.Path("token")};
   auto watched = RunSubprocess(cli);
   ASSERT_TRUE(watched.ok());
   EXPECT_TRUE(watched->Succeeded()) << watched->err;
@@ -634,7 +635,7 @@ TEST(ServerE2E, TlsAndLoopbackPolicy) {
   EXPECT_EQ(h.Terminate(), "exit code 0");
 
   SubprocessOptions open;
-  open.argv = {KS_CLI_BINARY, "serve", "--listen", "0.0.0.0:0", "--token-file", probe.Path("token"), "--db",
+  open.argv = {ks::testing::CliBinary(), "serve", "--listen", "0.0.0.0:0", "--token-file", probe.Path("token"), "--db",
                probe.db(), "--model", "command:" + probe.Path("model.sh"), "--evaluator", "fake"};
   auto refused = RunSubprocess(open);
   ASSERT_TRUE(refused.ok());
@@ -685,7 +686,7 @@ TEST(ServerE2E, SubmitProblemThroughTheBridgeThenSearch) {
 
   // `kernelsearch submit --watch` end to end.
   SubprocessOptions cli;
-  cli.argv = {KS_CLI_BINARY, "submit", h.Path("scale2.py"), "--server", h.address(),
+  cli.argv = {ks::testing::CliBinary(), "submit", h.Path("scale2.py"), "--server", h.address(),
               "--token-file", h.Path("token"), "--rounds", "1", "--ideas", "2", "--branches", "1", "--beam", "1",
               "--watch"};
   cli.timeout_s = 600;

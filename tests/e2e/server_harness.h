@@ -91,7 +91,7 @@ class ServerHarness {
 
   // Starts the server and waits (generously: 2-core CI) for its listening line.
   void Start() {
-    std::vector<std::string> argv = {KS_CLI_BINARY, "serve", "--listen", "127.0.0.1:0", "--token-file", Path("token"),
+    std::vector<std::string> argv = {ks::testing::CliBinary(), "serve", "--listen", "127.0.0.1:0", "--token-file", Path("token"),
                                      "--db", db(), "--model", "command:" + Path("model.sh"), "--poll-interval", "0.05"};
     argv.push_back("--evaluator");
     argv.push_back(opts_.evaluator.empty() ? "fake:" + Path("evaluator.json") : opts_.evaluator);

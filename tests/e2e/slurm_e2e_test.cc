@@ -30,6 +30,7 @@
 #include "server/client.h"
 #include "tests/e2e/gpu_worker_checks.h"
 #include "tests/e2e/server_harness.h"
+#include "tests/testing/paths.h"
 
 namespace ks::e2e {
 namespace {
@@ -216,7 +217,7 @@ TEST(SlurmE2E, TwoWorkerJobsOneScancelledEveryCandidateEvaluatedOnce) {
   std::map<std::string, std::string> env = {
       {"KS_SERVER", h.address()},
       {"KS_TOKEN_FILE", h.Path("token")},
-      {"KS_BIN", KS_CLI_BINARY},
+      {"KS_BIN", ks::testing::CliBinary()},
       {"KS_GPUS", "0"},
       {"KS_EVALUATOR", "fake:" + h.Path("evaluator.json")},
       {"KS_WORKER_ARGS", "--lease-seconds 5 --poll 0.2"}};

@@ -26,13 +26,14 @@
 #include "common/files.h"
 #include "common/subprocess.h"
 #include "tests/testing/fake_model.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kBinary = KS_CLI_BINARY;
+const std::string kBinary = ks::testing::CliBinary();
 const std::string kModel = ks::testing::FakeModelCommand();
 
 std::vector<std::string> ReadLines(const std::string& path) {

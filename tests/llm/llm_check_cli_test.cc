@@ -3,6 +3,7 @@
 
 #include "common/subprocess.h"
 #include "tests/llm/fake_llm_server.h"
+#include "tests/testing/paths.h"
 
 namespace ks {
 namespace {
@@ -12,7 +13,7 @@ using testing::FakeLlmServer;
 SubprocessResult RunCli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                         const std::vector<std::string>& unset = {}) {
   SubprocessOptions o;
-  o.argv = {KS_CLI_BINARY};
+  o.argv = {ks::testing::CliBinary()};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.env = env;
   o.unset_env = unset;

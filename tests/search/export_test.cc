@@ -505,7 +505,7 @@ class ExportCliTest : public ExportTest {
 
   SubprocessResult Export(int64_t id, const std::string& out, const std::vector<std::string>& extra = {}) {
     SubprocessOptions o;
-    o.argv = {KS_CLI_BINARY, "export", std::to_string(id), "--db", Path("ks.db"), "--out", out};
+    o.argv = {ks::testing::CliBinary(), "export", std::to_string(id), "--db", Path("ks.db"), "--out", out};
     o.argv.insert(o.argv.end(), extra.begin(), extra.end());
     o.timeout_s = 180;
     auto r = RunSubprocess(o);
@@ -552,7 +552,7 @@ TEST_F(ExportCliTest, TheModuleEmbedsWhatTheEvaluatorSees) {
 
 SubprocessResult RunCli(const std::vector<std::string>& args) {
   SubprocessOptions o;
-  o.argv = {KS_CLI_BINARY};
+  o.argv = {ks::testing::CliBinary()};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.timeout_s = 120;
   auto r = RunSubprocess(o);
