@@ -136,6 +136,12 @@ struct GpuEvaluatorOptions {
   int compile_threads = 0;          // parallel compiles; 0 = one per CPU core but one
   double target_timed_ms = 1000;    // timing: runs = clamp(target / estimate, min, max)
   int min_timed_runs = 10;
+  // Adaptive, runs of long_run_ms or more: at least this many timed runs
+  // (then the stable-median rule below decides). A run that long varies by
+  // microseconds, a fraction of a percent, so five runs within the rule's
+  // band are as good as ten; shorter runs keep min_timed_runs (issue 33).
+  int min_timed_runs_long = 5;
+  double long_run_ms = 1.0;
   int max_timed_runs = 200;
   double warmup_ms = 25;            // and at least 3 warm-up runs
   double max_eval_s = 20;           // wall-clock cap on the timed phase of one candidate
@@ -394,6 +400,7 @@ class GpuEvaluator : public CandidateEvaluator {
   // The keyed hash (gpu_internal::HashKey) of n elements of `width` bytes at p:
   // the same figure CompareOutput returns for an output's bits.
   StatusOr<uint64_t> HashRange(CUdeviceptr p, uint64_t n, size_t width);
+  unsigned HelperGrid(CUfunction fn) const;  // one full wave of a helper kernel's 256-thread blocks
   // The words a candidate changed in a working input slot against its set's
   // pristine copy: 0 when its hash matches the hash the slot had when staged
   // (one read); counted against the pristine copy otherwise (DiffSlot).

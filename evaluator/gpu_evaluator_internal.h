@@ -61,43 +61,71 @@ __device__ __forceinline__ double Val(const long long* p, unsigned long long i) 
 __device__ __forceinline__ double Val(const signed char* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ double Val(const unsigned char* p, unsigned long long i) { return p[i]; }
 
+// One element's part of Compare (the running figures in `a`).
+struct CmpAcc {
+  unsigned long long mism, first, unw, nonf, cons, large, hash;
+  double ssd, ssr;
+  float mabs, mrel;
+};
+template <typename T, typename B>
+__device__ __forceinline__ void CompareOne(unsigned long long i, B bits, double r, double atol, double rtol, double tiny,
+                                           double large_rel, B poison, const float* bound, HashKey key, CmpAcc& a) {
+  T tv;
+  memcpy(&tv, &bits, sizeof(T));
+  const double o = Val(&tv, 0);
+  a.hash += Mix(i, (unsigned long long)bits, key);
+  bool bad = false;
+  if (bits == poison) { ++a.unw; bad = true; }
+  else if (isnan(r)) bad = !isnan(o);
+  else if (isinf(r)) bad = o != r;
+  else if (!isfinite(o)) { bad = true; ++a.nonf; }
+  else {
+    double d = fabs(o - r);
+    a.ssd += d * d;
+    a.ssr += r * r;
+    a.mabs = fmaxf(a.mabs, (float)d);
+    a.mrel = fmaxf(a.mrel, (float)(d / fmax(fabs(r), 1e-30)));
+    const double b = bound ? (double)bound[i >> 8] : 0.0;
+    bad = d > atol + rtol * fabs(r) + b;
+    if (fabs(r) >= tiny) {
+      ++a.cons;
+      if (d > large_rel * fabs(r) && d > b) ++a.large;
+    }
+  }
+  if (bad) { ++a.mism; if (i < a.first) a.first = i; }
+}
+
 // tiny: |ref| below it is not "considered" for the large-error share; large_rel:
 // the relative error that counts as large (Tolerance in evaluator/signature.h).
 // bound: null, or per block of 256 elements what the element may add to
 // atol + rtol * |ref| (the contract's factor times PyTorch's own error there
 // against float64; evaluator/judge/judge.h); an element within it is never a
-// large error either.
+// large error either. Four elements per step, their loads issued together
+// (a multi-GB output is compared at memory speed, issue 33).
 template <typename T, typename B>
 __device__ void Compare(const T* out, const T* ref, unsigned long long n, double atol, double rtol, double tiny,
                         double large_rel, B poison, const float* bound, HashKey key, Stats* st) {
-  unsigned long long mism = 0, first = ~0ull, unw = 0, nonf = 0, cons = 0, large = 0, hash = 0;
-  double ssd = 0, ssr = 0;
-  float mabs = 0.f, mrel = 0.f;
+  CmpAcc a = {0, ~0ull, 0, 0, 0, 0, 0, 0.0, 0.0, 0.f, 0.f};
   const B* ob = reinterpret_cast<const B*>(out);
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
-    double o = Val(out, i), r = Val(ref, i);
-    hash += Mix(i, (unsigned long long)ob[i], key);
-    bool bad = false;
-    if (ob[i] == poison) { ++unw; bad = true; }
-    else if (isnan(r)) bad = !isnan(o);
-    else if (isinf(r)) bad = o != r;
-    else if (!isfinite(o)) { bad = true; ++nonf; }
-    else {
-      double d = fabs(o - r);
-      ssd += d * d;
-      ssr += r * r;
-      mabs = fmaxf(mabs, (float)d);
-      mrel = fmaxf(mrel, (float)(d / fmax(fabs(r), 1e-30)));
-      const double b = bound ? (double)bound[i >> 8] : 0.0;
-      bad = d > atol + rtol * fabs(r) + b;
-      if (fabs(r) >= tiny) {
-        ++cons;
-        if (d > large_rel * fabs(r) && d > b) ++large;
-      }
+  const unsigned long long S = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  for (; i + 3 * S < n; i += 4 * S) {
+    B bits[4];
+    double r[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bits[k] = ob[i + k * S];
+      r[k] = Val(ref, i + k * S);
     }
-    if (bad) { ++mism; if (i < first) first = i; }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      CompareOne<T, B>(i + k * S, bits[k], r[k], atol, rtol, tiny, large_rel, poison, bound, key, a);
   }
+  for (; i < n; i += S) CompareOne<T, B>(i, ob[i], Val(ref, i), atol, rtol, tiny, large_rel, poison, bound, key, a);
+  unsigned long long mism = a.mism, first = a.first, unw = a.unw, nonf = a.nonf, cons = a.cons, large = a.large,
+                     hash = a.hash;
+  double ssd = a.ssd, ssr = a.ssr;
+  float mabs = a.mabs, mrel = a.mrel;
   for (int off = 16; off > 0; off >>= 1) {
     mism += __shfl_down_sync(0xffffffffu, mism, off);
     unsigned long long f2 = __shfl_down_sync(0xffffffffu, first, off);
@@ -149,9 +177,16 @@ KS_CMP(cmp_bool, unsigned char, unsigned char)
 template <typename B>
 __device__ void HashBits(const B* p, unsigned long long n, HashKey key, unsigned long long* out) {
   unsigned long long hash = 0;
-  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-       i += (unsigned long long)gridDim.x * blockDim.x)
-    hash += Mix(i, (unsigned long long)p[i], key);
+  const unsigned long long S = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  for (; i + 3 * S < n; i += 4 * S) {
+    B b[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) b[k] = p[i + k * S];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) hash += Mix(i + k * S, (unsigned long long)b[k], key);
+  }
+  for (; i < n; i += S) hash += Mix(i, (unsigned long long)p[i], key);
   for (int off = 16; off > 0; off >>= 1) hash += __shfl_down_sync(0xffffffffu, hash, off);
   if ((threadIdx.x & 31) == 0) atomicAdd(out, hash);
 }
@@ -293,6 +328,20 @@ inline bool MedianStable(std::vector<double> ms, double rel, double abs_ms) {
   auto hi = static_cast<size_t>(std::min(static_cast<double>(n - 1), std::ceil(n / 2.0 + half)));
   double median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
   return (ms[hi] - ms[lo]) / 2 <= std::max(rel * median, abs_ms);
+}
+
+// Adaptive timing's stop rule (GpuEvaluator::TimedRuns): at least min_runs
+// timed runs (min_runs_long for runs of long_ms or more, by the estimate of
+// one run), then the first run after which both series' medians are stable
+// (MedianStable: the 95% confidence interval of the median within rel of it,
+// or within abs_ms).
+inline int MinTimedRuns(double estimate_ms, int min_runs, int min_runs_long, double long_ms) {
+  return estimate_ms >= long_ms ? std::min(min_runs, min_runs_long) : min_runs;
+}
+inline bool TimingStable(const std::vector<double>& on_stream, const std::vector<double>& device_wide, int min_runs,
+                         double rel, double abs_ms) {
+  return static_cast<int>(on_stream.size()) >= min_runs && MedianStable(on_stream, rel, abs_ms) &&
+         MedianStable(device_wide, rel, abs_ms);
 }
 
 inline TimingStats Summarize(std::vector<double> ms) {

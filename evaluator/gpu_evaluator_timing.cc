@@ -55,8 +55,11 @@ std::optional<Evaluation> GpuEvaluator::WarmUpPhase(Judgement& j) {
 // Phase 5: timed runs, every one verified, until the planned count, a stable
 // median (adaptive), a candidate clearly slower than the best, or the time cap.
 std::optional<Evaluation> GpuEvaluator::TimedRuns(Judgement& j) {
+  const int min_runs = opts_.timing == TimingMode::kAdaptive
+                           ? MinTimedRuns(j.estimate_ms, opts_.min_timed_runs, opts_.min_timed_runs_long, opts_.long_run_ms)
+                           : opts_.min_timed_runs;
   int n = static_cast<int>(std::ceil(opts_.target_timed_ms / std::max(j.estimate_ms, 1e-3)));
-  n = std::clamp(n, opts_.min_timed_runs, opts_.max_timed_runs);
+  n = std::clamp(n, min_runs, std::max(min_runs, opts_.max_timed_runs));
   auto phase_start = Clock::now();
   for (int i = 0; i < n; ++i) {
     ++j.run_index;
@@ -68,8 +71,7 @@ std::optional<Evaluation> GpuEvaluator::TimedRuns(Judgement& j) {
     j.ms_device.push_back(r.ms_device);
     const int done = static_cast<int>(j.ms.size());
     if (opts_.timing == TimingMode::kAdaptive) {
-      if (done >= opts_.min_timed_runs && MedianStable(j.ms, opts_.stable_rel, opts_.stable_abs_ms) &&
-          MedianStable(j.ms_device, opts_.stable_rel, opts_.stable_abs_ms)) {
+      if (TimingStable(j.ms, j.ms_device, min_runs, opts_.stable_rel, opts_.stable_abs_ms)) {
         j.stopped = "stable";
         break;
       }
@@ -81,7 +83,7 @@ std::optional<Evaluation> GpuEvaluator::TimedRuns(Judgement& j) {
         break;
       }
     }
-    if (done >= opts_.min_timed_runs &&
+    if (done >= min_runs &&
         std::chrono::duration<double>(Clock::now() - phase_start).count() > opts_.max_eval_s) {
       j.stopped = "time_cap";
       break;

@@ -44,6 +44,14 @@ StatusOr<uint64_t> GpuEvaluator::CountDiffWords(CUdeviceptr a, CUdeviceptr b, ui
   return result;
 }
 
+unsigned GpuEvaluator::HelperGrid(CUfunction fn) const {
+  // As many blocks of 256 as the GPU holds at once (one wave, no tail), at
+  // least one per SM: each thread strides over the buffer.
+  int per_sm = 0;
+  if (d_->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, 0) != CUDA_SUCCESS || per_sm < 1) per_sm = 8;
+  return static_cast<unsigned>(info_.multiprocessors * per_sm);
+}
+
 StatusOr<uint64_t> GpuEvaluator::HashRange(CUdeviceptr p, uint64_t n, size_t width) {
   int fn = width == 1 ? 0 : width == 2 ? 1 : width == 4 ? 2 : width == 8 ? 3 : -1;
   if (fn < 0) return Internal("no hash for elements of " + std::to_string(width) + " bytes");
@@ -52,7 +60,7 @@ StatusOr<uint64_t> GpuEvaluator::HashRange(CUdeviceptr p, uint64_t n, size_t wid
   HashKey key{hash_key_[0], hash_key_[1]};
   CUdeviceptr out = stats_.get();
   void* args[] = {&p, &count, &key, &out};
-  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, info_.multiprocessors * 8));
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, HelperGrid(hash_fn_[fn])));
   KS_RETURN_IF_ERROR(d_->Check(d_->cuLaunchKernel(hash_fn_[fn], grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "hash"));
   uint64_t result = 0;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(&result, out, 8), "cuMemcpyDtoH"));
@@ -113,7 +121,7 @@ StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set)
   PoisonPattern p;
   PoisonFor(o.spec->dtype, &p, &a.poison);
   KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(o.spec->dtype)], stats_.get(),
-                                             info_.multiprocessors * 8, a));
+                                             HelperGrid(cmp_fn_[static_cast<int>(o.spec->dtype)]), a));
   return s.sum_sq_ref;
 }
 
@@ -133,7 +141,7 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
   PoisonPattern p;
   PoisonFor(t.dtype, &p, &a.poison);
   KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(t.dtype)], stats_.get(),
-                                             info_.multiprocessors * 8, a));
+                                             HelperGrid(cmp_fn_[static_cast<int>(o.spec->dtype)]), a));
   float mabs, mrel;
   std::memcpy(&mabs, &s.max_abs_bits, 4);
   std::memcpy(&mrel, &s.max_rel_bits, 4);

@@ -1,5 +1,10 @@
 #include "evaluator/compiler.h"
 
+#include <cstdio>
+#include <map>
+
+#include "evaluator/gpu_evaluator_internal.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -320,6 +325,36 @@ TEST(CompilerTest, AnImageWithModuleScopeMemoryOfAnyKindIsReloadedAndPlainCodeIs
   EXPECT_TRUE(ModuleHasData(asm_global->cubin));
   EXPECT_TRUE(ModuleHasData("not an ELF image"));
   EXPECT_TRUE(ModuleHasData(""));
+}
+
+}  // namespace
+}  // namespace ks
+
+namespace ks {
+namespace {
+
+// Issue 33: the evaluator's own helper kernels (the comparison, the keyed
+// hash) compile for the H100's target with the parameters the evaluator
+// launches them with; compiled at every evaluator's start, so a mistake here
+// would stop every GPU evaluation.
+TEST(CompilerTest, TheEvaluatorsHelperKernelsCompileWithTheirKeyedHash) {
+  CompileOptions o = Opts();
+  o.arch = "sm_90a";
+  auto r = CompileCandidate(gpu_internal::kHelperSource, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->ok) << r->message << "\n" << r->log;
+  std::map<std::string, const KernelInfo*> by_name;
+  for (const auto& k : r->kernels) by_name[k.name] = &k;
+  for (const char* name : gpu_internal::kCmpNames) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    // out, ref, n, atol, rtol, tiny, large_rel, poison, bound, key (16 bytes), stats
+    EXPECT_EQ(by_name[name]->params.size(), 11u) << name;
+    std::printf("%s: %d registers\n", name, by_name[name]->resources.registers);
+  }
+  for (const char* name : gpu_internal::kHashNames) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_EQ(by_name[name]->params.size(), 4u) << name;  // p, n, key, out
+  }
 }
 
 }  // namespace

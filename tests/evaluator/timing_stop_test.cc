@@ -49,6 +49,35 @@ TEST(MedianStable, VeryShortRunsUseTheAbsoluteFloor) {
   EXPECT_FALSE(MedianStable({1.0, 1.0}, 0.005, 0.001)) << "two runs are never enough";
 }
 
+// Issue 33's rule: runs of 1 ms or more need 5 timed runs before the
+// stable-median test may stop them; shorter runs keep 10.
+TEST(TimingStopRule, LongRunsMayStopAfterFiveShortOnesAfterTen) {
+  using gpu_internal::MinTimedRuns;
+  using gpu_internal::TimingStable;
+  EXPECT_EQ(MinTimedRuns(9.0, 10, 5, 1.0), 5);
+  EXPECT_EQ(MinTimedRuns(1.0, 10, 5, 1.0), 5);
+  EXPECT_EQ(MinTimedRuns(0.02, 10, 5, 1.0), 10);
+  EXPECT_EQ(MinTimedRuns(9.0, 3, 5, 1.0), 3) << "never more than the general minimum";
+  // A 9 ms kernel whose five runs lie within +-0.2%: stable, stops at 5.
+  std::vector<double> tight = Jittered(5, 9.0, 0.002, 7);
+  EXPECT_TRUE(TimingStable(tight, tight, MinTimedRuns(9.0, 10, 5, 1.0), 0.005, 0.001));
+  // Four are not enough, whatever they say.
+  std::vector<double> four(tight.begin(), tight.begin() + 4);
+  EXPECT_FALSE(TimingStable(four, four, 5, 0.005, 0.001));
+  // Five runs spread over +-3% are not stable: with five runs the interval is
+  // the whole range, so all of them must lie within the 1% band.
+  std::vector<double> loose = Jittered(5, 9.0, 0.03, 8);
+  EXPECT_FALSE(TimingStable(loose, loose, 5, 0.005, 0.001));
+  // One slow run of five (a hiccup) holds the stop back; the rule runs on.
+  std::vector<double> hiccup = {9.0, 9.01, 9.0, 9.02, 9.9};
+  EXPECT_FALSE(TimingStable(hiccup, hiccup, 5, 0.005, 0.001));
+  // The device-wide series must be stable too.
+  EXPECT_FALSE(TimingStable(tight, loose, 5, 0.005, 0.001));
+  // A 20 us kernel's five tight runs do not stop it: its minimum is 10.
+  std::vector<double> micro = Jittered(5, 0.02, 0.001, 9);
+  EXPECT_FALSE(TimingStable(micro, micro, MinTimedRuns(0.02, 10, 5, 1.0), 0.005, 0.001));
+}
+
 TEST(EvaluationJson, StopReasonAndPhasesRoundTrip) {
   Evaluation e;
   e.status = EvalStatus::kCorrect;
