@@ -166,6 +166,7 @@ Status GpuEvaluator::Setup() {
   // being silently skipped behind a __CUDA_ARCH_FEAT_SM90_ALL guard.
   arch_ = opts_.target.empty() ? ArchSpecificTarget(info_.Arch()) : opts_.target;
   KS_RETURN_IF_ERROR(LoadHelpers());
+  KS_RETURN_IF_ERROR(ChooseResidentCopy());
   const int sets = static_cast<int>(ref_.sets.size());
   if (sets == 0) return InvalidArgument("reference has no input sets");
   KS_RETURN_IF_ERROR(LayOutMemory());
@@ -183,6 +184,21 @@ Status GpuEvaluator::Setup() {
   if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
   KS_RETURN_IF_ERROR(SetupOtherShapes());
   return StartWorker();
+}
+
+Status GpuEvaluator::ChooseResidentCopy() {
+  own_copy_ = false;
+  if (!ref_.resident || ref_.sets.empty()) return Status::Ok();
+  for (const auto& t : ref_.signature.inputs) {
+    if (t.is_scalar || t.bytes() == 0) continue;
+    KS_ASSIGN_OR_RETURN(CUdeviceptr p, ResidentTensorPtr(0, t.name, static_cast<uint64_t>(t.bytes())));
+    // Where the driver cannot say, the tensors stay mapped, as before.
+    int ordinal = -1;
+    if (d_->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS && ordinal >= 0)
+      own_copy_ = ordinal != opts_.device;
+    break;
+  }
+  return Status::Ok();
 }
 
 // The trusted helper kernels (kHelperSource), and the hash key no candidate sees.
@@ -224,7 +240,7 @@ Status GpuEvaluator::LayOutMemory() {
   // 4-byte words: the comparison's unit); others get room in pristine_.
   uint64_t off = kGuard;
   auto place = [&](int set, TensorSlot slot) -> StatusOr<TensorSlot> {
-    if (ref_.resident && slot.bytes % 4 == 0 && slot.bytes > 0) {
+    if (ref_.resident && !own_copy_ && slot.bytes % 4 == 0 && slot.bytes > 0) {
       KS_ASSIGN_OR_RETURN(slot.src, ResidentTensorPtr(set, slot.name, slot.bytes));
       return slot;
     }
@@ -323,7 +339,7 @@ Status GpuEvaluator::PlaceReferenceOutputs() {
   const int sets = static_cast<int>(ref_.sets.size());
   for (auto& o : outputs_)
     for (int s = 0; s < sets; ++s) {
-      if (ref_.resident) {
+      if (ref_.resident && !own_copy_) {
         // The reference outputs stay where the bridge computed them (mapped,
         // never copied): a multi-GB output is not held twice on the GPU.
         KS_ASSIGN_OR_RETURN(CUdeviceptr p, ResidentTensorPtr(s, o.spec->name, o.bytes));

@@ -317,6 +317,9 @@ class GpuEvaluator : public CandidateEvaluator {
   Status LayOutMemory();           // the pristine copy's and the arena's layout (no allocation)
   Status FillMemory();             // both allocated, guards written, the inputs filled in
   Status PlaceReferenceOutputs();  // each output's reference per set, and its RMS
+  // A resident reference in another device's memory (one bridge serves every
+  // GPU of `--gpus`): own_copy_, so that no run reads across devices.
+  Status ChooseResidentCopy();
   Status LoadTensor(const std::string& path, CUdeviceptr dst, uint64_t bytes);
   // The bound array `key` (judge.h BoundKey) of set `set` on the host: `blocks` floats.
   StatusOr<std::vector<float>> ReadBound(int set, const std::string& key, int64_t blocks);
@@ -446,6 +449,11 @@ class GpuEvaluator : public CandidateEvaluator {
   bool repeat_by_hash_ = false;  // the candidate has no atomics: verified_ may be used
   DeviceBuffer arena_, pristine_, stats_;
   std::map<std::string, IpcMapping> resident_maps_;  // by IPC handle: the resident bridge's allocations
+  // The resident reference lives on another GPU: its inputs and outputs are
+  // copied into this GPU's pristine copy and reference buffers at Setup (one
+  // peer copy) instead of being mapped, so staging, comparisons and pristine
+  // reads never cross devices while another GPU times its runs (issue 33).
+  bool own_copy_ = false;
   uint64_t inputs_end_ = 0;
   std::vector<std::vector<TensorSlot>> set_inputs_;  // per set, offsets in pristine_
   std::vector<TensorSlot> params_;  // shared by every set (pristine_ offsets)
