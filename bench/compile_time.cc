@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "common/files.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/problem.h"
 
 namespace {

@@ -6,7 +6,7 @@ For each row of a kernelbench_scale results file (JSON lines: problem, level,
 median_ms, fraction_of_floor as measured then, against the memory floor
 alone), counts the problem's FLOPs with the bridge (count_flops: torch's FLOP
 counter on the meta device, by dtype) and recomputes the floor as the
-evaluator now does (evaluator/roofline.cc): max(memory floor, compute floor),
+evaluator now does (evaluator/profile/roofline.cc): max(memory floor, compute floor),
 the compute floor being sum over classes of FLOPs / measured peak, with fp32
 at the faster of the fp32 peak and a third of the TF32 peak (3xTF32). The
 memory floor is the one the row was judged against (its bandwidth is implied

@@ -10,7 +10,7 @@
 
 #include "cli/cli.h"
 #include "evaluator/problem.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 namespace ks::cli {
 namespace {

@@ -40,7 +40,7 @@ void SetAction(CLI::App* sub, Action action);
 const Action* FindAction(CLI::App* sub);
 
 // --cache-dir and --cache-cap: where the reference cache lives and how much it
-// may hold (evaluator/reference_cache.h). Empty = $KS_CACHE_DIR / $KS_CACHE_CAP
+// may hold (evaluator/reference/reference_cache.h). Empty = $KS_CACHE_DIR / $KS_CACHE_CAP
 // or the defaults.
 struct CacheFlags {
   std::string dir;

@@ -1,12 +1,12 @@
 // kernelsearch cache list|clear [--cache-dir D] [--json]: the reference cache
-// (evaluator/reference_cache.h) shown and emptied.
+// (evaluator/reference/reference_cache.h) shown and emptied.
 #include <cstdio>
 #include <ctime>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 namespace ks::cli {
 namespace {

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
-#include "evaluator/candidate_parser.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/candidate_parser.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/plan/launch_plan.h"
 #include "evaluator/problem.h"

@@ -16,10 +16,10 @@
 
 #include "cli/cli.h"
 #include "cli/llm_flags.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 #include "store/lineage_store.h"
 
 namespace ks::cli {

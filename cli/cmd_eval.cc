@@ -14,7 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/eval_format.h"
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
 #include "search/evaluator_factory.h"

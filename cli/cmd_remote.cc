@@ -16,7 +16,7 @@
 #include "cli/cli.h"
 #include "cli/conn_flags.h"
 #include "common/files.h"
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "server/auth.h"
 #include "server/client.h"
 

@@ -15,7 +15,7 @@
 #include "cli/cli.h"
 #include "cli/llm_flags.h"
 #include "common/files.h"
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "evaluator/problem.h"
 #include "search/evaluator_factory.h"
 #include "search/orchestrator.h"

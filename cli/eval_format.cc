@@ -4,8 +4,8 @@
 #include <cstdio>
 
 #include "evaluator/judge/judge.h"
-#include "evaluator/launch_profile.h"
-#include "evaluator/roofline.h"
+#include "evaluator/profile/launch_profile.h"
+#include "evaluator/profile/roofline.h"
 
 namespace ks::cli {
 namespace {

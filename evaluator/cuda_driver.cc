@@ -1,5 +1,7 @@
 #include "evaluator/cuda_driver.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include <dlfcn.h>
@@ -124,7 +126,15 @@ StatusOr<DeviceInfo> QueryDevice(CUdevice dev) {
   size_t total = 0;
   d->cuDeviceTotalMem(&total, dev);
   info.total_memory = static_cast<int64_t>(total);
+  char bus[32] = {0};
+  if (d->cuDeviceGetPCIBusId(bus, sizeof bus, dev) == CUDA_SUCCESS) info.pci_bus_id = bus;
   return info;
+}
+
+bool SameBusId(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
 }
 
 StatusOr<DeviceBuffer> DeviceBuffer::Alloc(size_t bytes) {

@@ -139,8 +139,11 @@ struct DeviceInfo {
   int64_t reserved_shared_per_block = 0;
   int max_threads_per_sm = 0;
   int max_blocks_per_sm = 0;
+  std::string pci_bus_id;  // "0000:1B:00.0": names one GPU whatever a process's device numbering
   std::string Arch() const { return "sm_" + std::to_string(sm_major) + std::to_string(sm_minor); }
 };
 StatusOr<DeviceInfo> QueryDevice(CUdevice dev);
+// Whether two PCI bus ids name one GPU (hex digits in either case).
+bool SameBusId(const std::string& a, const std::string& b);
 
 }  // namespace ks

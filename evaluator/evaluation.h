@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "evaluator/counters.h"
-#include "evaluator/launch_profile.h"
+#include "evaluator/profile/counters.h"
+#include "evaluator/profile/launch_profile.h"
 
 namespace ks {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 
@@ -29,7 +29,7 @@ class CandidateEvaluator {
     if (out.size() != 1) return Internal("the evaluator returned " + std::to_string(out.size()) + " results for one");
     return std::move(out.front());
   }
-  // Hardware counters of each candidate's launches (evaluator/counters.h), one
+  // Hardware counters of each candidate's launches (evaluator/profile/counters.h), one
   // report per candidate. An evaluator that cannot read them says so in each
   // report's note; the search goes on either way.
   virtual std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) {

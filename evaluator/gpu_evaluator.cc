@@ -24,9 +24,9 @@
 #include "common/files.h"
 #include "common/unique_fd.h"
 #include "evaluator/plan/launch_plan.h"
-#include "evaluator/roofline.h"
-#include "evaluator/sandbox.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/profile/roofline.h"
+#include "evaluator/worker/sandbox.h"
+#include "evaluator/worker/worker_protocol.h"
 
 #include "evaluator/gpu_evaluator_internal.h"
 
@@ -189,6 +189,12 @@ Status GpuEvaluator::Setup() {
 Status GpuEvaluator::ChooseResidentCopy() {
   own_copy_ = false;
   if (!ref_.resident || ref_.sets.empty()) return Status::Ok();
+  if (!ref_.resident->pci_bus_id().empty() && !info_.pci_bus_id.empty()) {
+    // The bridge named its GPU: the one sure answer (an IPC mapping's device
+    // ordinal is the importing context's on some drivers).
+    own_copy_ = !SameBusId(ref_.resident->pci_bus_id(), info_.pci_bus_id);
+    return Status::Ok();
+  }
   for (const auto& t : ref_.signature.inputs) {
     if (t.is_scalar || t.bytes() == 0) continue;
     KS_ASSIGN_OR_RETURN(CUdeviceptr p, ResidentTensorPtr(0, t.name, static_cast<uint64_t>(t.bytes())));

@@ -101,14 +101,14 @@
 #include <vector>
 
 #include "common/subprocess.h"
-#include "evaluator/compiler.h"
-#include "evaluator/counters.h"
+#include "evaluator/compile/compiler.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
 #include "evaluator/plan/launch_plan.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 #include "evaluator/judge/judge.h"
-#include "evaluator/launch_profile.h"
+#include "evaluator/profile/launch_profile.h"
 #include "evaluator/problem.h"
 
 namespace ks {
@@ -194,7 +194,7 @@ class GpuEvaluator : public CandidateEvaluator {
   // declares FLOPS, or on the first call here (cached per GPU on disk).
   // An error leaves the roofline with its bandwidth floor only.
   StatusOr<DevicePeaks> Peaks();
-  // Hardware counters of each candidate's launches (evaluator/counters.h):
+  // Hardware counters of each candidate's launches (evaluator/profile/counters.h):
   // compiled again, then one more run in a worker started under Nsight
   // Compute, prepared and verified as every run is. Never fails: where the
   // counters cannot be read, each report's note says why (and, once ncu is
@@ -204,6 +204,9 @@ class GpuEvaluator : public CandidateEvaluator {
   int worker_restarts() const { return worker_restarts_; }
   // The device malloc heap the worker's context was left with (as small as the driver allows).
   uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
+  // Whether this evaluator holds its own copy of a resident reference (it is
+  // on another GPU than the bridge's) rather than mapping the bridge's tensors.
+  bool copies_resident() const { return own_copy_; }
   int sets() const { return static_cast<int>(ref_.sets.size()); }
 
   // An agent's practice (search/agent.h), in the judging evaluator's own
@@ -367,7 +370,7 @@ class GpuEvaluator : public CandidateEvaluator {
   StatusOr<uint64_t> DiffSlot(const TensorSlot& work, const TensorSlot& pristine);
   // The worker's load request for a resolved plan (plan/worker_protocol.h).
   wire::LoadRequest BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
-  // The per-launch figures (evaluator/launch_profile.h) from a few split runs
+  // The per-launch figures (evaluator/profile/launch_profile.h) from a few split runs
   // after the timed ones; a run that fails here fails the candidate as any run does.
   StatusOr<std::vector<LaunchProfile>> ProfileLaunches(const ResolvedPlan& plan,
                                                        const std::vector<wire::Occupancy>& occupancy,

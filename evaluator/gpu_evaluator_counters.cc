@@ -1,4 +1,4 @@
-// Hardware counters of a candidate (evaluator/counters.h): one more run of it,
+// Hardware counters of a candidate (evaluator/profile/counters.h): one more run of it,
 // in a second sandboxed worker started under Nsight Compute.
 //
 // Why a second worker and one more run: ncu profiles a process it starts, so
@@ -16,7 +16,7 @@
 
 #include "common/files.h"
 #include "evaluator/gpu_evaluator.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 
 namespace ks {
 

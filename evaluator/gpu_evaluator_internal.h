@@ -14,7 +14,7 @@
 
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 
 namespace ks::gpu_internal {
 

@@ -19,8 +19,8 @@
 #include "common/files.h"
 #include "common/unique_fd.h"
 #include "evaluator/plan/launch_plan.h"
-#include "evaluator/sandbox.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/sandbox.h"
+#include "evaluator/worker/worker_protocol.h"
 
 #include "evaluator/gpu_evaluator_internal.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "evaluator/roofline.h"
+#include "evaluator/profile/roofline.h"
 
 #include "evaluator/gpu_evaluator_internal.h"
 

@@ -13,7 +13,7 @@
 
 #include "common/files.h"
 #include "common/json_field.h"
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 
 namespace ks {
 namespace fs = std::filesystem;

@@ -135,8 +135,9 @@ struct ResidentTensor {
 // ReferenceData that names it; whoever maps its tensors must unmap them first.
 class ResidentReference {
  public:
-  ResidentReference(ChildProcess bridge, std::vector<std::map<std::string, ResidentTensor>> sets)
-      : bridge_(std::move(bridge)), sets_(std::move(sets)) {}
+  ResidentReference(ChildProcess bridge, std::vector<std::map<std::string, ResidentTensor>> sets,
+                    std::string pci_bus_id = "")
+      : bridge_(std::move(bridge)), sets_(std::move(sets)), pci_bus_id_(std::move(pci_bus_id)) {}
   ~ResidentReference();
   ResidentReference(const ResidentReference&) = delete;
   ResidentReference& operator=(const ResidentReference&) = delete;
@@ -146,10 +147,14 @@ class ResidentReference {
   // Whether the bridge still runs (it must, while its tensors are mapped).
   bool Alive();
   pid_t pid() const { return bridge_.pid(); }
+  // The PCI bus id of the GPU holding the tensors ("" when the bridge did not
+  // say). Device ordinals differ between processes; bus ids do not.
+  const std::string& pci_bus_id() const { return pci_bus_id_; }
 
  private:
   ChildProcess bridge_;
   std::vector<std::map<std::string, ResidentTensor>> sets_;
+  std::string pci_bus_id_;
 };
 
 // One input set: every tensor's name (inputs, parameters, outputs) -> absolute
@@ -274,7 +279,7 @@ std::string DefaultReferenceCacheDir();
 // version): reused from the cache when a complete entry exists, otherwise
 // computed by the bridge into a temporary directory that is renamed into place.
 // An untimed request also reuses a timed entry.
-// Bounded (evaluator/reference_cache.h): before computing, the sizes are read
+// Bounded (evaluator/reference/reference_cache.h): before computing, the sizes are read
 // from the signature (shape inference, nothing computed); when K sets do not
 // fit the cache cap, the free disk or opts.device_budget, as many as fit are
 // prepared (a warning says so), and fewer than 2 is ResourceExhausted saying

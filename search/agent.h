@@ -16,7 +16,7 @@
 //   submit(source, plan)   ends the conversation; the candidate is judged by
 //                          the search's ordinary evaluation
 //   profile(source, plan)  the hardware-counter digest of each launch (Nsight
-//                          Compute, evaluator/counters.h), offered only where
+//                          Compute, evaluator/profile/counters.h), offered only where
 //                          the practice evaluator can read counters
 // Honest by construction: compile and test run on PRACTICE input sets (a
 // reference prepared from another seed than the judging one), through the same
@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 #include "evaluator/signature.h"
 #include "llm/conversation.h"

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/files.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/judge/judge.h"
 #include "evaluator/problem.h"
 #include "evaluator/signature.h"

@@ -65,7 +65,7 @@ StatusOr<std::vector<ExportedFile>> ExportCandidate(store::LineageStore* store, 
 
 // ---- pieces, exposed for tests ----
 
-// The NVRTC options the evaluator compiles with (evaluator/nvrtc_compile.cc),
+// The NVRTC options the evaluator compiles with (evaluator/compile/nvrtc_compile.cc),
 // between -arch=... and the -I include folders, and its pre-included header.
 const std::vector<std::string>& EvaluatorNvrtcOptions();
 const char* EvaluatorNvrtcPrelude();

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/judge/judge.h"
-#include "evaluator/counters.h"
-#include "evaluator/launch_profile.h"
+#include "evaluator/profile/counters.h"
+#include "evaluator/profile/launch_profile.h"
 
 namespace ks {
 namespace {
@@ -261,7 +261,7 @@ std::string TopKernelsText(const std::vector<TopKernel>& best) {
 std::vector<TemplateRecord> HopperRecords(const GpuFacts& g) {
   int major = 0, minor = 0;
   if (std::sscanf(g.compute_capability.c_str(), "%d.%d", &major, &minor) != 2 || major < 9) return {};
-  // The arch-specific target candidates compile for (evaluator/compiler.h).
+  // The arch-specific target candidates compile for (evaluator/compile/compiler.h).
   return {{{"hopper_target", ArchSpecificTarget("sm_" + std::to_string(major) + std::to_string(minor))}}};
 }
 

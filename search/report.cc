@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 
 #include "evaluator/judge/judge.h"
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
-#include "evaluator/roofline.h"
+#include "evaluator/profile/roofline.h"
 #include "search/agent.h"
 
 // The page template and ECharts are compiled in (assembler .incbin of the files

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 
 namespace ks {
 namespace {

@@ -246,7 +246,7 @@ class Orchestrator::SearchRun final : private CallBudget {
 
   Status UpdateBest();
 
-  // Hardware counters (evaluator/counters.h) of the config_.profile_top
+  // Hardware counters (evaluator/profile/counters.h) of the config_.profile_top
   // fastest correct candidates of each of `rounds` not read yet, once the
   // round is evaluated: the kernels the next round's prompts show. Stored with
   // their evaluations; where they cannot be read, a note says why, once.

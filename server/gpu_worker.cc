@@ -9,7 +9,7 @@
 #include <optional>
 #include <thread>
 
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 #include "search/scripted_evaluator.h"
 #include "search/search_config.h"

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 
 namespace ks::server {

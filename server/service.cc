@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "search/report.h"
 #include "search/search_setup.h"
 #include "server/convert.h"

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_depth.h"
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 #include "server/convert.h"
 #include "server/service.h"

@@ -339,7 +339,7 @@ class LineageStore {
   // Evaluations. Stores the evaluation and marks the candidate evaluated, in one
   // transaction; a second evaluation of the same candidate is refused.
   Status PutEvaluation(int64_t candidate_id, const Evaluation& evaluation, std::optional<int64_t> reused_from);
-  // Adds hardware counters (evaluator/counters.h, CounterReportToJson) to a
+  // Adds hardware counters (evaluator/profile/counters.h, CounterReportToJson) to a
   // stored evaluation: they are read after the round's evaluations, for its
   // best candidates. NotFound when the candidate has no evaluation.
   Status SetEvaluationCounters(int64_t candidate_id, const nlohmann::json& counters);

@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 #include "evaluator/cuda_driver.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 
 namespace ks {
 

@@ -183,6 +183,7 @@ def cmd_reference(problem, args):
         manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
                                  transform_room=room, timing_level=args.precision, practice=_practice(args))
         manifest["resident"] = True
+        manifest["pci_bus_id"] = _RESIDENT.pci_bus_id()
         if warning:
             manifest["warnings"].insert(0, warning)
         return manifest

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Which torch this interpreter has (evaluator/python_env.cc, ResolvePython).
+"""Which torch this interpreter has (evaluator/reference/python_env.cc, ResolvePython).
 
   probe.py              imports torch; prints {"torch", "cuda", "device"} as JSON
   probe.py --installed  exits 0 when torch can be found, 1 when not, without

@@ -2,7 +2,7 @@
 //   ks-worker compile          NVRTC on the source given as JSON on stdin; JSON result on stdout.
 //   ks-worker compile-server   the same for a stream of framed requests (worker_protocol.h).
 //   ks-worker serve     the GPU worker: loads and runs candidates on request (worker_serve.cc).
-// It is started only by the evaluator, inside a sandbox (evaluator/sandbox.h).
+// It is started only by the evaluator, inside a sandbox (evaluator/worker/sandbox.h).
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base64.h"
-#include "evaluator/compiler.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/compile/compiler.h"
+#include "evaluator/worker/worker_protocol.h"
 #include "evaluator/worker/worker_serve.h"
 
 namespace {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "common/base64.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/plan/launch_config.h"
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 
 namespace ks {
 namespace {
@@ -104,7 +104,7 @@ class Worker {
     // Device printf is captured in the worker's log; a capped FIFO bounds a flood.
     d_->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, req.printf_fifo_bytes);
     // The device heap outlives a run, so a kernel could keep results in it.
-    // The compiler refuses malloc/free/new (evaluator/compiler.cc); as a
+    // The compiler refuses malloc/free/new (evaluator/compile/compiler.cc); as a
     // second wall the heap is made as small as the driver allows, before any
     // module is loaded.
     // The per-thread stack as small as the driver allows (it raises it for a
@@ -176,7 +176,7 @@ class Worker {
     c.module = std::move(*m);
     c.cubin = req.cubin;
     c.fresh = true;
-    c.reload = ModuleHasData(c.cubin);  // evaluator/compiler.h
+    c.reload = ModuleHasData(c.cubin);  // evaluator/compile/compiler.h
     wire::LoadReply reply;
     for (const auto& l : req.launches) {
       LaunchSpec s;

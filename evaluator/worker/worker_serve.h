@@ -4,7 +4,7 @@
 // on request, timing each run with device events. It never sees reference
 // outputs: they live only in the trusted process's own allocations.
 //
-// Requests (typed structs with one encoding, evaluator/plan/worker_protocol.h):
+// Requests (typed structs with one encoding, evaluator/worker/worker_protocol.h):
 // init, load (the module, the resolved plan, its scratch and TMA tensor maps,
 // which are encoded here since a map holds an address of this process), run,
 // warm, unload, quit. A sticky CUDA error (illegal address, ...) is reported and then the

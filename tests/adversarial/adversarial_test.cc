@@ -10,7 +10,7 @@
 #include <regex>
 
 #include "common/files.h"
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "tests/evaluator/gpu_test_util.h"
 
 namespace ks {

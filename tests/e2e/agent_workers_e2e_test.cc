@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/subprocess.h"
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "store/lineage_store.h"
 #include "server/client.h"
 #include "tests/e2e/server_harness.h"

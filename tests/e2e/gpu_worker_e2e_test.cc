@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "common/subprocess.h"
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/problem.h"
 #include "store/lineage_store.h"
 #include "server/client.h"

@@ -1,4 +1,4 @@
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 
 #include <cstdio>
 #include <map>

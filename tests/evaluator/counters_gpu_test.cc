@@ -8,8 +8,8 @@
 
 #include <cstdlib>
 
-#include "evaluator/counters.h"
-#include "evaluator/roofline.h"
+#include "evaluator/profile/counters.h"
+#include "evaluator/profile/roofline.h"
 #include "tests/evaluator/gpu_test_util.h"
 
 namespace ks {

@@ -1,11 +1,11 @@
-// Hardware counters (evaluator/counters.h): the ncu command line, parsing its
+// Hardware counters (evaluator/profile/counters.h): the ncu command line, parsing its
 // CSV (raw page, wide; details page, long), the digest a prompt shows and its
 // size budget, failure reasons, and the JSON form. No GPU: the tables here are
 // written in ncu's format by hand; the GPU tests read real ones.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 
 namespace ks {

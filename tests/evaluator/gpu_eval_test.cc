@@ -14,7 +14,7 @@
 #include <filesystem>
 
 #include "common/files.h"
-#include "evaluator/roofline.h"
+#include "evaluator/profile/roofline.h"
 #include "tests/evaluator/gpu_test_util.h"
 #include "tests/evaluator/softmax_kernel.h"
 #include "tests/testing/temp_dir.h"
@@ -263,6 +263,11 @@ TEST(GpuEvalTest, AResidentReferenceIsMappedNotWritten) {
     go.target_timed_ms = 300;
     auto ev = GpuEvaluator::Create(*ref, go);
     ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    // The bridge names its GPU; on that GPU the tensors are mapped, not copied.
+    EXPECT_FALSE(ref->resident->pci_bus_id().empty());
+    EXPECT_TRUE(ks::SameBusId(ref->resident->pci_bus_id(), (*ev)->device_info().pci_bus_id))
+        << ref->resident->pci_bus_id() << " vs " << (*ev)->device_info().pci_bus_id;
+    EXPECT_FALSE((*ev)->copies_resident());
     Evaluation good = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1]"));
     EXPECT_EQ(good.status, EvalStatus::kCorrect) << good.message;
     Evaluation bad = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1] - 1"));
@@ -283,6 +288,48 @@ TEST(GpuEvalTest, AResidentReferenceIsMappedNotWritten) {
   }
   // Evaluator and references gone: the bridge has exited and been reaped.
   EXPECT_NE(kill(bridge_pid, 0), 0);
+}
+
+// Two GPUs (issue 33): the bridge keeps the reference on its GPU; an
+// evaluator on the other GPU copies it into its own memory at Setup (one peer
+// copy), judges the same kernels the same way, and reads nothing across GPUs.
+TEST(GpuEvalTest, AnEvaluatorOnAnotherGpuCopiesAResidentReference) {
+  KS_REQUIRE_GPU();
+  auto d = ks::CudaDriver::Get();
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  int count = 0;
+  ASSERT_EQ((*d)->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  if (count < 2) GTEST_SKIP() << "needs two GPUs (this machine has " << count << ")";
+  ks::testing::TempDir cache_dir("ks_resident2_");
+  ReferenceOptions ro;
+  ro.sets = 2;
+  ro.device = "cuda";
+  ro.cache_dir = cache_dir.string();
+  ro.resident_min_bytes = 0;
+  auto ref = PrepareReference(GpuFixture("softmax_small.py"), ro);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_NE(ref->resident, nullptr);
+  std::map<int, std::pair<bool, std::vector<EvalStatus>>> seen;
+  for (int device : {0, 1}) {
+    GpuEvaluatorOptions go;
+    go.device = device;
+    go.run_timeout_s = 3;
+    go.target_timed_ms = 100;
+    auto ev = GpuEvaluator::Create(*ref, go);
+    ASSERT_TRUE(ev.ok()) << "device " << device << ": " << ev.status().ToString();
+    Evaluation good = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1]"));
+    Evaluation bad = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1] - 1"));
+    seen[device] = {(*ev)->copies_resident(), {good.status, bad.status}};
+    std::printf("device %d (%s): %s the resident reference; right kernel %s, wrong one %s\n", device,
+                (*ev)->device_info().pci_bus_id.c_str(), (*ev)->copies_resident() ? "copies" : "maps",
+                good.message.c_str(), bad.message.c_str());
+  }
+  EXPECT_FALSE(seen[0].first) << "the bridge's own GPU maps its tensors";
+  EXPECT_TRUE(seen[1].first) << "the other GPU copies them";
+  for (int device : {0, 1}) {
+    EXPECT_EQ(seen[device].second[0], EvalStatus::kCorrect) << "device " << device;
+    EXPECT_EQ(seen[device].second[1], EvalStatus::kIncorrect) << "device " << device;
+  }
 }
 
 TEST(GpuEvalTest, AMultiGigabyteProblemRuns) {

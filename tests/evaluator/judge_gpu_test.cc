@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "tests/evaluator/gpu_test_util.h"
 
 namespace ks {

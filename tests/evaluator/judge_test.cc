@@ -12,7 +12,7 @@
 
 #include "common/files.h"
 #include "evaluator/problem.h"
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "tests/testing/paths.h"
 
 namespace ks {

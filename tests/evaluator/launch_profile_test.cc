@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "evaluator/evaluation.h"
-#include "evaluator/launch_profile.h"
+#include "evaluator/profile/launch_profile.h"
 
 namespace ks {
 namespace {

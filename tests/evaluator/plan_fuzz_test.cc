@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "evaluator/plan/launch_plan.h"
 
 namespace ks {

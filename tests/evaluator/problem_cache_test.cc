@@ -1,11 +1,11 @@
-// Tests of the reference cache (evaluator/reference_cache.h): its cap, its
+// Tests of the reference cache (evaluator/reference/reference_cache.h): its cap, its
 // temporary directories, its phases, and the keys of its entries under each
 // timing precision. They run the bridge with a real python3 + torch (CPU is
 // enough); without one they skip, saying why.
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

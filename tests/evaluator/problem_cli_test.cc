@@ -1,10 +1,10 @@
 // Tests of the reference bridge through the real binary: `kernelsearch problem`,
 // `compile`, `search` on degenerate problems and `cache`. They need a real
 // python3 + torch (CPU is enough); without one they skip, saying why.
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

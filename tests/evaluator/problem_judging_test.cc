@@ -2,10 +2,10 @@
 // degenerate references, tolerances and PyTorch's own float32 rounding. They
 // run the bridge with a real python3 + torch (CPU is enough); without one
 // they skip, saying why.
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

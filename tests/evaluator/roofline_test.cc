@@ -1,10 +1,10 @@
-// The floor a candidate is judged against (evaluator/roofline.h): memory and
+// The floor a candidate is judged against (evaluator/profile/roofline.h): memory and
 // compute floors from a signature and measured peaks, which bound it names,
 // the fastest float32-accurate path (3xTF32), and the text `eval` prints.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "evaluator/roofline.h"
+#include "evaluator/profile/roofline.h"
 
 namespace ks {
 namespace {

@@ -1,7 +1,7 @@
-// What a sandboxed child gets (evaluator/sandbox.h): no core dumps, bounded file
+// What a sandboxed child gets (evaluator/worker/sandbox.h): no core dumps, bounded file
 // size and open files, and when we are root: nobody's uid, a process cap and
 // its own network namespace with only a loopback device.
-#include "evaluator/sandbox.h"
+#include "evaluator/worker/sandbox.h"
 
 #include <sched.h>
 #include <sys/wait.h>

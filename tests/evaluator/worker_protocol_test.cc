@@ -1,7 +1,7 @@
-// The evaluator <-> worker protocol (evaluator/plan/worker_protocol.h): every
+// The evaluator <-> worker protocol (evaluator/worker/worker_protocol.h): every
 // message survives its encoding, the framing carries it through a pipe, and
 // malformed messages are refused with the field named, never thrown.
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 
 #include <unistd.h>
 

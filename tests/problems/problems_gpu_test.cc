@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"

@@ -18,7 +18,7 @@
 
 #include "evaluator/judge/judge.h"
 #include "common/files.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/plan/launch_plan.h"
 #include "search/agent.h"
 #include "search/prompt_template.h"

@@ -1,5 +1,5 @@
 // `kernelsearch export` without a GPU: the exported module compiles as the
-// evaluator compiles (options and prelude read from evaluator/nvrtc_compile.cc
+// evaluator compiles (options and prelude read from evaluator/compile/nvrtc_compile.cc
 // itself), its Python launch-plan rules agree with the evaluator's ResolvePlan
 // on many plans, and the real binary writes a module that embeds the kernels'
 // parameter kinds and the plan as the evaluator resolves it. Needs python3 (no
@@ -19,7 +19,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 #include "evaluator/plan/launch_plan.h"
 #include "evaluator/problem.h"
 #include "search/export.h"
@@ -77,7 +77,7 @@ class ExportTest : public ::testing::Test {
 // ---- the compiler's options and prelude ----
 
 TEST(ExportNvrtcTest, PreludeAndOptionsAreTheEvaluators) {
-  // One definition serves both (evaluator/compiler.h); the module must carry it whole.
+  // One definition serves both (evaluator/compile/compiler.h); the module must carry it whole.
   EXPECT_STREQ(EvaluatorNvrtcPrelude(), NvrtcPrelude());
   EXPECT_EQ(EvaluatorNvrtcOptions(), NvrtcBaseOptions());
   for (const char* name : {"INFINITY", "NAN", "FLT_MAX", "FLT_MIN", "FLT_EPSILON", "DBL_MAX", "M_PI"})

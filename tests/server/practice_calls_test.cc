@@ -18,7 +18,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/evaluation.h"
 #include "proto/kernelsearch.grpc.pb.h"
 #include "server/auth.h"

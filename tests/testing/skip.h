@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
 

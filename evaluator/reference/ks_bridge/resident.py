@@ -98,6 +98,16 @@ class _Resident:
             self._handles[base.value] = base64.b64encode(handle.raw).decode()
         return {"handle": self._handles[base.value], "offset": ptr - base.value, "bytes": nbytes}
 
+    def pci_bus_id(self):
+        """The PCI bus id of the GPU the tensors live on (this process's current
+        device), "" when the driver cannot say: an evaluator on another GPU
+        copies them into its own memory instead of reading them across GPUs."""
+        ct = self._ct
+        dev, bus = ct.c_int(0), ct.create_string_buffer(32)
+        if self._cuda.cuCtxGetDevice(ct.byref(dev)) != 0 or self._cuda.cuDeviceGetPCIBusId(bus, 32, dev) != 0:
+            return ""
+        return bus.value.decode()
+
 
 def _fingerprint(t):
     """A cheap digest of t's bytes computed where t lives (chunked: no copy of a

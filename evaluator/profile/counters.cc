@@ -1,4 +1,4 @@
-#include "evaluator/counters.h"
+#include "evaluator/profile/counters.h"
 
 #include <algorithm>
 #include <cmath>

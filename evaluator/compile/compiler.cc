@@ -1,4 +1,4 @@
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 
 #include <unistd.h>
 
@@ -13,8 +13,8 @@
 
 #include "common/base64.h"
 #include "common/subprocess.h"
-#include "evaluator/plan/worker_protocol.h"
-#include "evaluator/sandbox.h"
+#include "evaluator/worker/worker_protocol.h"
+#include "evaluator/worker/sandbox.h"
 
 namespace ks {
 namespace fs = std::filesystem;

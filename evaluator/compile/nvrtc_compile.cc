@@ -6,7 +6,7 @@
 #include <chrono>
 #include <memory>
 
-#include "evaluator/compiler.h"
+#include "evaluator/compile/compiler.h"
 
 namespace ks {
 namespace {

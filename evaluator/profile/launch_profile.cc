@@ -1,4 +1,4 @@
-#include "evaluator/launch_profile.h"
+#include "evaluator/profile/launch_profile.h"
 
 #include <algorithm>
 #include <climits>

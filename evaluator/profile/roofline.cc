@@ -1,4 +1,4 @@
-#include "evaluator/roofline.h"
+#include "evaluator/profile/roofline.h"
 
 #include <algorithm>
 #include <cstdarg>

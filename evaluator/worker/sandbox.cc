@@ -1,4 +1,4 @@
-#include "evaluator/sandbox.h"
+#include "evaluator/worker/sandbox.h"
 
 #include <sched.h>
 #include <signal.h>

@@ -12,7 +12,7 @@
 
 #include "common/files.h"
 #include "common/subprocess.h"
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/problem.h"
 
 namespace ks {

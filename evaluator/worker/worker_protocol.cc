@@ -1,4 +1,4 @@
-#include "evaluator/plan/worker_protocol.h"
+#include "evaluator/worker/worker_protocol.h"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-#include "evaluator/candidate_parser.h"
+#include "evaluator/compile/candidate_parser.h"
 
 #include <filesystem>
 #include <vector>

@@ -15,7 +15,7 @@
 #include "common/base64.h"
 #include "common/files.h"
 #include "common/subprocess.h"
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/problem.h"
 
 namespace ks {
@@ -215,7 +215,7 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
   }
   if (d.sets.empty()) return InvalidArgument(where + ": no input sets");
   KS_RETURN_IF_ERROR(CheckTransformOrder(d, where));
-  d.resident = std::make_shared<ResidentReference>(std::move(child), std::move(sets));
+  d.resident = std::make_shared<ResidentReference>(std::move(child), std::move(sets), j.value("pci_bus_id", ""));
   return std::make_pair(std::move(d), std::move(j));
 }
 

@@ -1,4 +1,4 @@
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 #include <signal.h>
 #include <sys/statvfs.h>

@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/problem.h"
-#include "evaluator/reference_cache.h"
+#include "evaluator/reference/reference_cache.h"
 
 namespace ks {
 namespace fs = std::filesystem;

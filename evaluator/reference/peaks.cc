@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
-#include "evaluator/bridge_internal.h"
+#include "evaluator/reference/bridge_internal.h"
 #include "evaluator/problem.h"
 
 namespace ks {
