@@ -41,16 +41,17 @@ int CompileThreadsPerGpu(size_t gpus) {
   return std::max(1, (std::max(cores, 2) - 1) / static_cast<int>(std::max<size_t>(gpus, 1)));
 }
 
-GpuEvaluator::GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts) : ref_(ref), opts_(opts) {}
+GpuEvaluator::GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts)
+    : ref_(ref),
+      opts_(opts),
+      arena_(Arena::Helpers{
+          [this](CUdeviceptr p, uint64_t n, size_t width) { return HashRange(p, n, width); },
+          [this](CUdeviceptr a, CUdeviceptr b, uint64_t bytes) { return CountDiffWords(a, b, bytes); },
+          [this](CUdeviceptr p, uint64_t bytes, uint8_t fill) { return CountNotFill(p, bytes, fill); }}),
+      worker_(opts.worker_path, opts.drop_privileges, opts.worker_log_cap) {}
 
-GpuEvaluator::~GpuEvaluator() {
-  if (worker_.running()) {
-    (void)SendMessage(worker_.stdin_fd(), wire::ToJson(wire::QuitRequest{}));
-    (void)ReceiveMessage(worker_.stdout_fd(), 2);
-    worker_.Kill();
-  }
-  if (!worker_log_path_.empty()) unlink(worker_log_path_.c_str());
-}
+// The worker ends before anything it maps or runs with is released.
+GpuEvaluator::~GpuEvaluator() { worker_.Close(); }
 
 StatusOr<std::unique_ptr<GpuEvaluator>> GpuEvaluator::Create(const ReferenceData& ref, const GpuEvaluatorOptions& opts) {
   std::unique_ptr<GpuEvaluator> e(new GpuEvaluator(ref, opts));
@@ -170,14 +171,12 @@ Status GpuEvaluator::Setup() {
   const int sets = static_cast<int>(ref_.sets.size());
   if (sets == 0) return InvalidArgument("reference has no input sets");
   KS_RETURN_IF_ERROR(LayOutMemory());
-  KS_RETURN_IF_ERROR(FillMemory());
-  staged_set_ = -1;
-  staged_hashes_.assign(sets, {});
-  KS_RETURN_IF_ERROR(StageSet(0));
+  KS_RETURN_IF_ERROR(FillMemory());  // no set staged
+  KS_RETURN_IF_ERROR(arena_.StageSet(0));
   KS_RETURN_IF_ERROR(PlaceReferenceOutputs());
   KS_RETURN_IF_ERROR(LoadBounds().WithContext("the reference's bound arrays"));
   CUipcMemHandle h;
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.get()), "cuIpcGetMemHandle"));
+  KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.base()), "cuIpcGetMemHandle"));
   ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
   if (correctness_only_) return StartWorker();  // never timed: no bandwidth, no peaks
   KS_RETURN_IF_ERROR(MeasureBandwidth());
@@ -231,113 +230,35 @@ Status GpuEvaluator::LoadHelpers() {
   return Status::Ok();
 }
 
+// The arena's layout (evaluator/arena.h): a resident reference's tensors
+// serve as the pristine copy where this evaluator maps them (not own_copy_).
 Status GpuEvaluator::LayOutMemory() {
-  const Signature& sig = ref_.signature;
-  const int sets = static_cast<int>(ref_.sets.size());
-  // Two layouts. The pristine copy (trusted memory, never mapped by the
-  // worker) holds every input set: [guard][set 0 inputs]...[set K-1
-  // inputs][parameters][shifted sets' own parameters]. The arena the worker
-  // maps holds one set at a time, staged before each run (StageSet):
-  // [guard][inputs][parameters][out0][guard][out1][guard]... up to the end of
-  // its last page. A kernel sees no other input set, so it cannot relate a
-  // shifted set to the set it was made from, nor tell the sets apart by
-  // their addresses.
-  // A resident reference's tensors are the pristine copy themselves (whole
-  // 4-byte words: the comparison's unit); others get room in pristine_.
-  uint64_t off = kGuard;
-  auto place = [&](int set, TensorSlot slot) -> StatusOr<TensorSlot> {
-    if (ref_.resident && !own_copy_ && slot.bytes % 4 == 0 && slot.bytes > 0) {
-      KS_ASSIGN_OR_RETURN(slot.src, ResidentTensorPtr(set, slot.name, slot.bytes));
-      return slot;
-    }
-    slot.src = 0;
-    slot.offset = off;
-    off = AlignUp(off + slot.bytes);
-    return slot;
-  };
-  set_inputs_.assign(sets, {});
-  for (int s = 0; s < sets; ++s)
-    for (const auto& t : sig.inputs)
-      if (!t.is_scalar) {
-        KS_ASSIGN_OR_RETURN(TensorSlot slot, place(s, {t.name, 0, static_cast<uint64_t>(t.bytes())}));
-        set_inputs_[s].push_back(std::move(slot));
-      }
-  for (const auto& t : sig.parameters)
-    if (!t.is_scalar) {
-      KS_ASSIGN_OR_RETURN(TensorSlot slot, place(0, {t.name, 0, static_cast<uint64_t>(t.bytes())}));
-      params_.push_back(std::move(slot));
-    }
-  // A shifted set whose transform changed parameters has its own copy of
-  // those (ReferenceSet::own_parameters); every other set shares params_.
-  set_params_.assign(sets, params_);
-  for (int s = 0; s < sets; ++s)
-    for (auto& slot : set_params_[s])
-      if (ref_.sets[s].OwnsParameter(slot.name)) {
-        KS_ASSIGN_OR_RETURN(slot, place(s, slot));
-      }
-  inputs_end_ = off;
-  // The arena: one set's inputs and the parameters, then the outputs.
-  off = kGuard;
-  work_inputs_ = set_inputs_[0];
-  for (auto& slot : work_inputs_) {
-    slot.offset = off;
-    slot.src = 0;
-    off = AlignUp(off + slot.bytes);
-  }
-  work_params_ = params_;
-  for (auto& slot : work_params_) {
-    slot.offset = off;
-    slot.src = 0;
-    off = AlignUp(off + slot.bytes);
-  }
-  work_end_ = off;
+  KS_RETURN_IF_ERROR(arena_.LayOut(ref_, ref_.resident && !own_copy_,
+                                   [this](int set, const std::string& name, uint64_t bytes) {
+                                     return ResidentTensorPtr(set, name, bytes);
+                                   }));
   outputs_.clear();
-  for (const auto& t : sig.outputs) {
+  const auto& regions = arena_.outputs();
+  for (size_t i = 0; i < ref_.signature.outputs.size(); ++i) {
     OutputSlot o;
-    o.spec = &t;
-    o.offset = off;
-    o.bytes = t.bytes();
-    // The guard starts at the output's last byte, not at the next aligned
-    // offset: alignment padding a kernel could keep state in is guard too.
-    o.guard_offset = off + t.bytes();
-    o.guard_bytes = AlignUp(o.guard_offset + kGuard) - o.guard_offset;
-    off = o.guard_offset + o.guard_bytes;
+    o.spec = &ref_.signature.outputs[i];
+    o.offset = regions[i].offset;
+    o.bytes = regions[i].bytes;
+    o.guard_offset = regions[i].guard_offset;
+    o.guard_bytes = regions[i].guard_bytes;
     outputs_.push_back(std::move(o));
   }
-  // The last guard runs to the end of the allocation's last page: the
-  // worker maps all of it, and slack nothing checks could keep state.
-  arena_bytes_ = (off + kArenaPage - 1) / kArenaPage * kArenaPage;
-  if (!outputs_.empty()) outputs_.back().guard_bytes += arena_bytes_ - off;
   return Status::Ok();
 }
 
 // The arena and the pristine copy allocated, guards written, every set's
-// inputs and parameters filled in.
+// inputs and parameters filled in; the helpers' result buffer.
 Status GpuEvaluator::FillMemory() {
-  const int sets = static_cast<int>(ref_.sets.size());
-  const uint64_t arena_bytes = arena_bytes_;
-  KS_ASSIGN_OR_RETURN(arena_, DeviceBuffer::Alloc(arena_bytes));
-  KS_ASSIGN_OR_RETURN(pristine_, DeviceBuffer::Alloc(inputs_end_));
+  KS_RETURN_IF_ERROR(arena_.Allocate());
   KS_ASSIGN_OR_RETURN(stats_, DeviceBuffer::Alloc(sizeof(Stats)));
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), 0, arena_bytes), "cuMemsetD8"));
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get(), kGuardByte, kGuard), "cuMemsetD8"));
-  if (outputs_.empty())  // no output to carry the tail guard: it follows the inputs
-    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + work_end_, kGuardByte, arena_bytes - work_end_), "cuMemsetD8"));
-  tail_guard_offset_ = work_end_;
-  tail_guard_bytes_ = outputs_.empty() ? arena_bytes - work_end_ : 0;
-  for (const auto& o : outputs_)
-    KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(arena_.get() + o.guard_offset, kGuardByte, o.guard_bytes), "cuMemsetD8"));
-  KS_RETURN_IF_ERROR(d_->Check(d_->cuMemsetD8(pristine_.get(), 0, inputs_end_), "cuMemsetD8"));
-  for (int s = 0; s < sets; ++s)
-    for (const auto& slot : set_inputs_[s])
-      if (!slot.src) KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
-  for (const auto& slot : params_)
-    if (!slot.src) KS_RETURN_IF_ERROR(FillTensor(0, slot.name, pristine_.get() + slot.offset, slot.bytes));
-  for (int s = 0; s < sets; ++s)
-    for (const auto& slot : set_params_[s])
-      if (ref_.sets[s].OwnsParameter(slot.name) && !slot.src)
-        KS_RETURN_IF_ERROR(FillTensor(s, slot.name, pristine_.get() + slot.offset, slot.bytes));
-  return Status::Ok();
+  return arena_.Fill(ref_, [this](int set, const std::string& name, CUdeviceptr dst, uint64_t bytes) {
+    return FillTensor(set, name, dst, bytes);
+  });
 }
 
 // Each output's reference on every set, and its RMS.
@@ -396,15 +317,6 @@ Status GpuEvaluator::MeasureBandwidth() {
 }
 
 
-std::vector<uint64_t> GpuEvaluator::ArenaOffsets(const std::string& name) const {
-  // One offset: every set is staged into the same place (StageSet).
-  uint64_t off = 0;
-  for (const auto& slot : work_inputs_) if (slot.name == name) off = slot.offset;
-  for (const auto& slot : work_params_) if (slot.name == name) off = slot.offset;
-  for (const auto& o : outputs_) if (o.spec->name == name) off = o.offset;
-  return {off};
-}
-
 wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const {
   auto index_of = [](const auto& list, const std::string& name) {
     int found = -1;
@@ -430,7 +342,7 @@ wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const
     for (const auto& a : l.args) {
       wire::Arg arg;
       switch (a.kind) {
-        case ArgValue::Kind::kTensor: arg.kind = wire::Arg::Kind::kTensor; arg.offsets = ArenaOffsets(a.name); break;
+        case ArgValue::Kind::kTensor: arg.kind = wire::Arg::Kind::kTensor; arg.offsets = arena_.ArenaOffsets(a.name); break;
         case ArgValue::Kind::kScratch: arg.kind = wire::Arg::Kind::kScratch; arg.index = index_of(plan.scratch, a.name); break;
         case ArgValue::Kind::kTensorMap:
           arg.kind = wire::Arg::Kind::kTensorMap;
@@ -450,7 +362,7 @@ wire::LoadRequest GpuEvaluator::BuildLoadRequest(const ResolvedPlan& plan, const
     wire::TensorMap t;
     t.spec = m;
     if (m.scratch) t.scratch = index_of(plan.scratch, m.tensor);
-    else t.offsets = ArenaOffsets(m.tensor);
+    else t.offsets = arena_.ArenaOffsets(m.tensor);
     req.tensor_maps.push_back(std::move(t));
   }
   for (const auto& g : compiled.globals) req.globals.push_back({g.name, g.size});
@@ -514,7 +426,7 @@ Evaluation GpuEvaluator::Conclude(Judgement& j, EvalStatus status, const std::st
   NamePrecisionContract(j.e);  // in every result, whatever its status
   j.e.status = status;
   j.e.message = message;
-  j.e.worker_log = TakeWorkerLog();
+  j.e.worker_log = worker_.TakeLog();
   j.e.eval_s = std::chrono::duration<double>(Clock::now() - j.started).count();
   repeat_by_hash_ = false;  // the verified runs were this candidate's
   verified_.clear();
@@ -539,9 +451,9 @@ void GpuEvaluator::TakeErrors(Judgement& j) const {
 }
 
 void GpuEvaluator::UnloadCandidate() {
-  if (!worker_ready_) return;
-  (void)SendMessage(worker_.stdin_fd(), wire::ToJson(wire::UnloadRequest{}));
-  if (!ReceiveMessage(worker_.stdout_fd(), 30).ok()) StopWorker("unload failed");
+  if (!worker_.ready()) return;
+  (void)worker_.Send(wire::UnloadRequest{});
+  if (!worker_.Receive<wire::EmptyReply>(30).received.ok()) worker_.Stop();  // unload failed
 }
 
 StatusOr<Evaluation> GpuEvaluator::CompileOnly(const Candidate& candidate) {

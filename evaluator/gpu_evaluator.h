@@ -4,9 +4,10 @@
 //    into device memory of this process. Reference outputs never leave it.
 //  - a shared arena (CUDA IPC) holding the working inputs, parameters and output
 //    buffers the candidate sees, plus a pristine copy of the inputs to detect
-//    modification, and guard regions around outputs;
-//  - the sandboxed worker process (ks-worker serve) that runs candidates. A crash
-//    or hang ends only the worker, which is restarted for the next candidate.
+//    modification, and guard regions around outputs (Arena, evaluator/arena.h);
+//  - the sandboxed worker process (ks-worker serve) that runs candidates
+//    (WorkerClient, evaluator/worker/worker_client.h). A crash or hang ends
+//    only the worker, which is restarted for the next candidate.
 // Every checked or timed run of a candidate is prepared identically (globals
 // restored, scratch refilled, outputs poisoned, L2 flushed), timed with device
 // events and verified here, so a candidate cannot behave differently when
@@ -100,12 +101,13 @@
 #include <string>
 #include <vector>
 
-#include "common/subprocess.h"
+#include "evaluator/arena.h"
 #include "evaluator/compile/compiler.h"
 #include "evaluator/profile/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
 #include "evaluator/plan/launch_plan.h"
+#include "evaluator/worker/worker_client.h"
 #include "evaluator/worker/worker_protocol.h"
 #include "evaluator/judge/judge.h"
 #include "evaluator/profile/launch_profile.h"
@@ -201,9 +203,9 @@ class GpuEvaluator : public CandidateEvaluator {
   // known not to work here, without trying again).
   std::vector<CounterReport> ReadCounters(const std::vector<Candidate>& candidates) override;
   bool CanReadCounters() const override { return !FindNcu().empty(); }
-  int worker_restarts() const { return worker_restarts_; }
+  int worker_restarts() const { return worker_.restarts(); }
   // The device malloc heap the worker's context was left with (as small as the driver allows).
-  uint64_t worker_heap_bytes() const { return worker_heap_bytes_; }
+  uint64_t worker_heap_bytes() const { return worker_.heap_bytes(); }
   // Whether this evaluator holds its own copy of a resident reference (it is
   // on another GPU than the bridge's) rather than mapping the bridge's tensors.
   bool copies_resident() const { return own_copy_; }
@@ -230,15 +232,10 @@ class GpuEvaluator : public CandidateEvaluator {
   double best_ms() const { return best_ms_; }
 
  private:
-  struct TensorSlot {
-    std::string name;
-    uint64_t offset = 0;  // in the arena (and in the pristine copy)
-    uint64_t bytes = 0;
-    // A resident reference's tensor (the bridge's, mapped; trusted memory the
-    // worker never maps) serves as the pristine copy itself: inputs are not
-    // held twice beside the bridge's. 0: the copy is pristine_ + offset.
-    CUdeviceptr src = 0;
-  };
+  using TensorSlot = Arena::TensorSlot;
+  using StagedSlot = Arena::StagedSlot;
+  // An output of the signature: its place in the arena (Arena::OutputRegion,
+  // copied at Setup) and its reference, which stays in trusted memory here.
   struct OutputSlot {
     const TensorSpec* spec = nullptr;
     uint64_t offset = 0;
@@ -317,8 +314,8 @@ class GpuEvaluator : public CandidateEvaluator {
   Status Setup();
   // Setup's steps, in order.
   Status LoadHelpers();            // the helper kernels and the hash key
-  Status LayOutMemory();           // the pristine copy's and the arena's layout (no allocation)
-  Status FillMemory();             // both allocated, guards written, the inputs filled in
+  Status LayOutMemory();           // the arena's layout (Arena::LayOut) and the outputs' places in it
+  Status FillMemory();             // the arena allocated and filled (Arena::Allocate, Fill)
   Status PlaceReferenceOutputs();  // each output's reference per set, and its RMS
   // A resident reference in another device's memory (one bridge serves every
   // GPU of `--gpus`): own_copy_, so that no run reads across devices.
@@ -332,14 +329,11 @@ class GpuEvaluator : public CandidateEvaluator {
   StatusOr<CUdeviceptr> ResidentTensorPtr(int set, const std::string& name, uint64_t bytes);
   // Copies tensor `name` of set `set` to dst: from its file, or from the resident bridge.
   Status FillTensor(int set, const std::string& name, CUdeviceptr dst, uint64_t bytes);
-  Status StartWorker();
-  // Starts a sandboxed worker (`prefix` before it on the command line: ncu)
-  // with its stderr in log_path, and initializes it.
-  StatusOr<ChildProcess> LaunchWorker(const std::vector<std::string>& prefix, const std::string& log_path);
+  Status StartWorker();  // worker_ started with WorkerInit()
+  // What a worker is told at start: the arena, its outputs' poison, the helpers, the device.
+  wire::InitRequest WorkerInit() const;
   // One candidate's counters run (gpu_evaluator_counters.cc).
   CounterReport CountersOf(const Candidate& candidate, const std::string& ncu);
-  void StopWorker(const std::string& why);
-  std::string TakeWorkerLog();
   RunResult RunOnce(int set, bool split = false);
   // The checks after a run on `set` (outputs, inputs, guards), into r.
   void CheckRun(int set, RunResult& r);
@@ -351,23 +345,13 @@ class GpuEvaluator : public CandidateEvaluator {
   RunResult WarmUp(int runs, int set, double estimate_ms);
   // A worker's reply to a run: true when it ran; otherwise r says why (a
   // timeout or a dead worker stops the worker).
-  bool ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r);
+  template <class Reply>
+  bool ReplyOk(const WorkerReply<Reply>& reply, double limit, RunResult& r) {
+    return ReplyOk(reply.received, reply.error, limit, r);
+  }
+  bool ReplyOk(const Status& received, const std::optional<wire::ErrorReply>& error, double limit, RunResult& r);
   // __device__ variables that changed (a worker's reply names them) make r incorrect.
   void NoteStateChanged(const std::vector<std::string>& changed, RunResult& r);
-  // The arena offset of a tensor of the signature (one: every set is staged there).
-  std::vector<uint64_t> ArenaOffsets(const std::string& name) const;
-  // Copies input set `set` (inputs, and parameters where the set has its
-  // own) from the pristine copy into the arena, unless it is there already.
-  Status StageSet(int set);
-  // Where a slot's pristine bytes are (TensorSlot::src, or in pristine_).
-  CUdeviceptr PristinePtr(const TensorSlot& pristine) const {
-    return pristine.src ? pristine.src : pristine_.get() + pristine.offset;
-  }
-  // The arena's working slot `work` from its pristine copy, padding included
-  // (zero, as in pristine_, where the pristine tensor is a resident one).
-  Status RestoreSlot(const TensorSlot& work, const TensorSlot& pristine);
-  // 4-byte words of `work`, padding included, that differ from its pristine copy.
-  StatusOr<uint64_t> DiffSlot(const TensorSlot& work, const TensorSlot& pristine);
   // The worker's load request for a resolved plan (plan/worker_protocol.h).
   wire::LoadRequest BuildLoadRequest(const ResolvedPlan& plan, const CompileResult& compiled) const;
   // The per-launch figures (evaluator/profile/launch_profile.h) from a few split runs
@@ -407,18 +391,6 @@ class GpuEvaluator : public CandidateEvaluator {
   // the same figure CompareOutput returns for an output's bits.
   StatusOr<uint64_t> HashRange(CUdeviceptr p, uint64_t n, size_t width);
   unsigned HelperGrid(CUfunction fn) const;  // one full wave of a helper kernel's 256-thread blocks
-  // The words a candidate changed in a working input slot against its set's
-  // pristine copy: 0 when its hash matches the hash the slot had when staged
-  // (one read); counted against the pristine copy otherwise (DiffSlot).
-  StatusOr<uint64_t> ChangedWords(const TensorSlot& work, const TensorSlot& pristine, uint64_t staged_hash);
-  // The staged set's working slots (inputs, then parameters) with their pristine copies and staged hashes.
-  struct StagedSlot {
-    const TensorSlot* work;
-    const TensorSlot* pristine;
-    uint64_t hash;
-  };
-  std::vector<StagedSlot> StagedSlots(int set) const;
-  std::vector<const TensorSlot*> WorkSlots() const;  // work_inputs_, then work_params_
   StatusOr<uint64_t> CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill);
   Status MeasureBandwidth();
 
@@ -435,10 +407,6 @@ class GpuEvaluator : public CandidateEvaluator {
   CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
   CUfunction hash_fn_[4] = {};  // hash_b8 .. hash_b64
   uint64_t hash_key_[2] = {};   // gpu_internal::HashKey, drawn at Setup
-  // Per set: the hash of each working slot (inputs, then parameters, padding
-  // included) right after StageSet restored it from the pristine copy;
-  // computed the first time the set is staged.
-  std::vector<std::vector<uint64_t>> staged_hashes_;
   // Per set and output, within one candidate's judgement: the hash and the
   // figures of a run verified against the reference. A later run of a kernel
   // without atomics must repeat it bit for bit, so its output is hashed
@@ -450,37 +418,25 @@ class GpuEvaluator : public CandidateEvaluator {
   };
   std::vector<std::vector<std::optional<VerifiedOutput>>> verified_;
   bool repeat_by_hash_ = false;  // the candidate has no atomics: verified_ may be used
-  DeviceBuffer arena_, pristine_, stats_;
+  DeviceBuffer stats_;  // the helper kernels' results
   std::map<std::string, IpcMapping> resident_maps_;  // by IPC handle: the resident bridge's allocations
   // The resident reference lives on another GPU: its inputs and outputs are
   // copied into this GPU's pristine copy and reference buffers at Setup (one
   // peer copy) instead of being mapped, so staging, comparisons and pristine
   // reads never cross devices while another GPU times its runs (issue 33).
   bool own_copy_ = false;
-  uint64_t inputs_end_ = 0;
-  std::vector<std::vector<TensorSlot>> set_inputs_;  // per set, offsets in pristine_
-  std::vector<TensorSlot> params_;  // shared by every set (pristine_ offsets)
-  // Per set: params_, where the set has its own copy (ReferenceSet::own_parameters) at that copy's offset.
-  std::vector<std::vector<TensorSlot>> set_params_;
-  // The arena's one working set (StageSet): the inputs and the parameters at
-  // their arena offsets, and which set they hold now (-1: none yet).
-  std::vector<TensorSlot> work_inputs_, work_params_;
-  uint64_t work_end_ = 0;
-  uint64_t arena_bytes_ = 0;  // whole pages (LayOutMemory)
-  int staged_set_ = -1;
-  uint64_t tail_guard_offset_ = 0, tail_guard_bytes_ = 0;  // a problem with no output: the guard after the inputs
-  std::vector<OutputSlot> outputs_;
+  // The inputs the candidate sees, one set at a time, their pristine copies
+  // and the guards (evaluator/arena.h); its checks call the helpers above.
+  Arena arena_;
+  std::vector<OutputSlot> outputs_;  // per output of the signature (places from arena_.outputs())
   std::string ipc_handle_;
-  ChildProcess worker_;
-  std::string worker_log_path_;
-  bool worker_ready_ = false;
+  // The sandboxed worker (declared after the arena it maps: it ends first).
+  WorkerClient worker_;
   double run_timeout_scale_ = 1;    // > 1 while a run is profiled (ncu replays each launch)
   std::string counters_unavailable_;  // why ncu cannot read counters here, once found
   bool ncu_extra_metrics_ = true;     // false once ncu refused one of NcuExtraMetrics()
   double bandwidth_gbps_ = 0;
   std::optional<StatusOr<DevicePeaks>> peaks_;  // measured (or failed) once
-  int worker_restarts_ = 0;
-  uint64_t worker_heap_bytes_ = 0;
   double best_ms_ = 0;
   // Where one candidate's runs spend their time (Evaluation::run_parts): reset
   // by EvaluateCompiled, copied into the result by Conclude.

@@ -127,7 +127,7 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
   }
   std::vector<std::string> prefix =
       NcuCommand(ncu, table.path(), kernels, static_cast<int>(kernels.size()), {}, ncu_extra_metrics_);
-  auto profiled = LaunchWorker(prefix, worker_log.path());
+  auto profiled = worker_.Launch(prefix, worker_log.path(), WorkerInit());
   if (!profiled.ok()) {
     std::string log = ReadText(table.path()) + ReadText(worker_log.path());
     if (ncu_extra_metrics_ && NcuRefusedAMetric(log)) {
@@ -153,19 +153,17 @@ CounterReport GpuEvaluator::CountersOf(const Candidate& candidate, const std::st
 
   // The profiled run: the ordinary worker (idle, its module loaded) stands
   // aside while RunOnce prepares, runs and verifies an input set (a practice set when practising) in the other.
-  const bool ready = worker_ready_;
-  const int restarts = worker_restarts_;
-  std::swap(worker_, *profiled);
-  worker_ready_ = true;
-  run_timeout_scale_ = kProfiledRunTimeoutScale;
-  RunResult run = RunOnce(CheckedSets().front());
-  // Followed by the checks of every run (RunOnce: outputs, the set's inputs,
-  // guards) and of every input set, as the last run of a candidate is.
-  if (run.status == EvalStatus::kCorrect) CheckEveryInputSet(run);
-  run_timeout_scale_ = 1;
-  std::swap(worker_, *profiled);
-  worker_ready_ = ready;
-  worker_restarts_ = restarts;  // the profiled worker's end is no restart of the ordinary one
+  RunResult run;
+  {
+    // The profiled worker's end is no restart of the ordinary one (StandIn).
+    WorkerClient::StandIn stand_in(&worker_, &*profiled);
+    run_timeout_scale_ = kProfiledRunTimeoutScale;
+    run = RunOnce(CheckedSets().front());
+    // Followed by the checks of every run (RunOnce: outputs, the set's inputs,
+    // guards) and of every input set, as the last run of a candidate is.
+    if (run.status == EvalStatus::kCorrect) CheckEveryInputSet(run);
+    run_timeout_scale_ = 1;
+  }
   // EOF on its stdin ends the worker; ncu then writes its table and exits.
   profiled->CloseStdin();
   WaitOrKill(*profiled, kNcuExitWaitS);

@@ -1,7 +1,7 @@
 // Internal to the GPU evaluator (gpu_evaluator.cc: setup, arena layout and
 // the evaluation of a candidate; gpu_evaluator_runs.cc: the worker and one
-// run; gpu_evaluator_verify.cc: output and integrity checks): the arena's
-// constants, the trusted helper kernels, and small helpers they share.
+// run; gpu_evaluator_verify.cc: output and integrity checks; arena.cc: the
+// arena's layout and staging): the arena's constants, the trusted helper kernels, and small helpers they share.
 #pragma once
 
 #include <algorithm>

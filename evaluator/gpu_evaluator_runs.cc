@@ -1,5 +1,6 @@
-// The GPU evaluator's sandboxed worker (start, stop, its log) and one run of
-// a candidate's plan on an input set, verified here.
+// The GPU evaluator's requests to its sandboxed worker (the process itself:
+// worker/worker_client.h) and one run of a candidate's plan on an input set,
+// verified here.
 #include "evaluator/gpu_evaluator.h"
 
 #include <fcntl.h>
@@ -30,39 +31,9 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace gpu_internal;  // NOLINT: the evaluator's own internals
 
-Status GpuEvaluator::StartWorker() {
-  worker_ready_ = false;
-  if (worker_log_path_.empty()) {
-    char tmpl[] = "/tmp/ks-worker-XXXXXX.log";
-    int fd = mkstemps(tmpl, 4);
-    if (fd < 0) return PosixError("creating the worker log", errno);
-    close(fd);
-    worker_log_path_ = tmpl;
-  }
-  KS_ASSIGN_OR_RETURN(worker_, LaunchWorker({}, worker_log_path_));
-  worker_ready_ = true;
-  return Status::Ok();
-}
+Status GpuEvaluator::StartWorker() { return worker_.Start(WorkerInit()); }
 
-StatusOr<ChildProcess> GpuEvaluator::LaunchWorker(const std::vector<std::string>& prefix, const std::string& log_path) {
-  KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(opts_.worker_path));
-  SandboxLimits limits;
-  limits.drop_privileges = opts_.drop_privileges;
-  // Diagnostics: KS_WORKER_SANDBOX=keepuser,nonetns,dumpable relaxes single steps.
-  if (const char* v = getenv("KS_WORKER_SANDBOX")) {
-    std::string s = v;
-    if (s.find("keepuser") != std::string::npos) limits.drop_privileges = false;
-    if (s.find("nonetns") != std::string::npos) limits.new_network_namespace = false;
-    if (s.find("dumpable") != std::string::npos) limits.keep_dumpable = true;
-  }
-  std::vector<std::string> argv = prefix;
-  argv.push_back(worker);
-  argv.push_back("serve");
-  // A profiler in front (ncu) keeps its settings under $HOME: one it may write
-  // when it runs as nobody.
-  std::map<std::string, std::string> env;
-  if (!prefix.empty()) env["HOME"] = "/tmp";
-  KS_ASSIGN_OR_RETURN(ChildProcess w, ChildProcess::Start(argv, env, log_path, [limits] { return ApplySandbox(limits); }));
+wire::InitRequest GpuEvaluator::WorkerInit() const {
   wire::InitRequest init;
   for (const auto& o : outputs_) {
     wire::OutputRegion region{o.offset, o.bytes, {}};
@@ -78,46 +49,8 @@ StatusOr<ChildProcess> GpuEvaluator::LaunchWorker(const std::vector<std::string>
   init.scrub_shared_bytes = static_cast<uint32_t>(info_.shared_per_block_optin);
   init.sms = static_cast<uint32_t>(info_.multiprocessors);
   init.printf_fifo_bytes = 1 << 20;
-  KS_RETURN_IF_ERROR(SendMessage(w.stdin_fd(), wire::ToJson(init)));
-  auto reply = ReceiveMessage(w.stdout_fd(), 120);
-  std::optional<wire::ErrorReply> refused = reply.ok() ? wire::ErrorOf(*reply) : std::nullopt;
-  auto started = reply.ok() && !refused ? wire::FromJson<wire::InitReply>(*reply) : StatusOr<wire::InitReply>(Internal(""));
-  if (!reply.ok() || refused || !started.ok()) {
-    std::string why = !reply.ok() ? reply.status().message() : refused ? refused->message : started.status().message();
-    w.Kill();
-    std::string log = log_path == worker_log_path_ ? TakeWorkerLog() : "";
-    return FailedPrecondition("the GPU worker did not start: " + why + (log.empty() ? "" : "\n" + log));
-  }
-  if (prefix.empty()) worker_heap_bytes_ = started->heap_bytes;
-  return w;
+  return init;
 }
-
-void GpuEvaluator::StopWorker(const std::string& why) {
-  worker_.Kill();
-  worker_ready_ = false;
-  ++worker_restarts_;
-}
-
-std::string GpuEvaluator::TakeWorkerLog() {
-  if (worker_log_path_.empty()) return "";
-  // Only the head is read: a printf flood can fill the file up to its size limit.
-  std::string s;
-  int64_t total = 0;
-  {
-    UniqueFd fd(open(worker_log_path_.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) return "";
-    total = lseek(fd.get(), 0, SEEK_END);
-    lseek(fd.get(), 0, SEEK_SET);
-    s.resize(std::min<int64_t>(std::max<int64_t>(total, 0), opts_.worker_log_cap));
-    ssize_t n = s.empty() ? 0 : read(fd.get(), s.data(), s.size());
-    s.resize(n > 0 ? n : 0);
-  }
-  (void)truncate(worker_log_path_.c_str(), 0);
-  if (total > static_cast<int64_t>(s.size()))
-    s += "\n[... " + std::to_string(total - s.size()) + " more bytes of worker output dropped]\n";
-  return s;
-}
-
 
 double GpuEvaluator::RunTimeout() const {
   if (opts_.run_timeout_s > 0) return run_timeout_scale_ * opts_.run_timeout_s;
@@ -136,22 +69,22 @@ GpuEvaluator::RunResult GpuEvaluator::RunOnce(int set, bool split) {
   };
   {
     PartTimer t(&parts_.stage);
-    if (Status s = StageSet(set); !s.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
+    if (Status s = arena_.StageSet(set); !s.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + s.message());
   }
   ++parts_.runs;
-  StatusOr<nlohmann::json> reply = Internal("not sent");
+  WorkerReply<wire::RunReply> reply;
   double limit = RunTimeout();
   {
     PartTimer t(&parts_.worker);
     // The worker is told no set: every set is staged at the same addresses.
-    if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::RunRequest{0, split})); !s.ok()) {
-      StopWorker("send failed");
+    if (Status s = worker_.Send(wire::RunRequest{0, split}); !s.ok()) {
+      worker_.Stop();  // send failed
       return fail(EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
     }
-    reply = ReceiveMessage(worker_.stdout_fd(), limit);
+    reply = worker_.Receive<wire::RunReply>(limit);
   }
   if (!ReplyOk(reply, limit, r)) return r;
-  auto ran = wire::FromJson<wire::RunReply>(*reply);
+  const auto& ran = reply.reply;
   if (!ran.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + ran.status().message());
   parts_.kernel += ran->ms * 1e-3;
   r.ms = ran->ms;
@@ -166,7 +99,7 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int set, double estimate_
   RunResult r;
   {
     PartTimer t(&parts_.stage);
-    if (Status s = StageSet(set); !s.ok()) {
+    if (Status s = arena_.StageSet(set); !s.ok()) {
       r.status = EvalStatus::kRuntimeError;
       r.message = "evaluator: " + s.message();
       return r;
@@ -175,19 +108,19 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int set, double estimate_
   parts_.runs += runs;
   // Each run may take a run's limit's worth longer than the estimate says, in total.
   double limit = RunTimeout() + 10 * runs * estimate_ms * 1e-3;
-  StatusOr<nlohmann::json> reply = Internal("not sent");
+  WorkerReply<wire::WarmReply> reply;
   {
     PartTimer t(&parts_.worker);
-    if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(wire::WarmRequest{runs, 1, 0})); !s.ok()) {
-      StopWorker("send failed");
+    if (Status s = worker_.Send(wire::WarmRequest{runs, 1, 0}); !s.ok()) {
+      worker_.Stop();  // send failed
       r.status = EvalStatus::kRuntimeError;
       r.message = "the worker is gone: " + s.message();
       return r;
     }
-    reply = ReceiveMessage(worker_.stdout_fd(), limit);
+    reply = worker_.Receive<wire::WarmReply>(limit);
   }
   if (!ReplyOk(reply, limit, r)) return r;
-  auto warmed = wire::FromJson<wire::WarmReply>(*reply);
+  const auto& warmed = reply.reply;
   if (!warmed.ok()) {
     r.status = EvalStatus::kRuntimeError;
     r.message = "evaluator: " + warmed.status().message();
@@ -203,17 +136,17 @@ GpuEvaluator::RunResult GpuEvaluator::WarmUp(int runs, int set, double estimate_
 void GpuEvaluator::CheckEveryInputSet(RunResult& r) {
   // The arena holds one set (StageSet): its inputs and parameters, padding
   // included, against the pristine copy of that set.
-  if (staged_set_ < 0) return;
+  if (arena_.staged_set() < 0) return;
   PartTimer timer(&parts_.final_inputs);
   uint64_t changed = 0;
   Status st;
-  for (const StagedSlot& slot : StagedSlots(staged_set_)) {
-    auto diff = ChangedWords(*slot.work, *slot.pristine, slot.hash);
+  for (const StagedSlot& slot : arena_.StagedSlots(arena_.staged_set())) {
+    auto diff = arena_.ChangedWords(*slot.work, *slot.pristine, slot.hash);
     if (!diff.ok()) {
       st = diff.status();
       break;
     }
-    if (*diff) st = RestoreSlot(*slot.work, *slot.pristine).WithContext("restoring an input");
+    if (*diff) st = arena_.RestoreSlot(*slot.work, *slot.pristine).WithContext("restoring an input");
     changed += *diff;
     if (!st.ok()) break;
   }
@@ -226,29 +159,24 @@ void GpuEvaluator::CheckEveryInputSet(RunResult& r) {
   }
 }
 
-bool GpuEvaluator::ReplyOk(const StatusOr<nlohmann::json>& reply, double limit, RunResult& r) {
+bool GpuEvaluator::ReplyOk(const Status& received, const std::optional<wire::ErrorReply>& error, double limit,
+                           RunResult& r) {
   auto fail = [&](EvalStatus st, std::string msg) {
     r.status = st;
     r.message = std::move(msg);
     return false;
   };
-  if (!reply.ok()) {
-    if (reply.status().code() == Code::kDeadlineExceeded) {
-      StopWorker("timeout");
+  if (!received.ok()) {
+    if (received.code() == Code::kDeadlineExceeded) {
+      worker_.Stop();  // timeout
       return fail(EvalStatus::kTimeout, "the launch plan did not finish within " + Num(limit) +
                                             " s; the worker was killed");
     }
-    std::string how = worker_.Kill();
-    worker_ready_ = false;
-    ++worker_restarts_;
+    std::string how = worker_.Stop();
     return fail(EvalStatus::kRuntimeError, "the worker died during the run (" + how + ")");
   }
-  if (auto err = wire::ErrorOf(*reply)) {
-    if (err->fatal) {
-      worker_.Kill();
-      worker_ready_ = false;
-      ++worker_restarts_;
-    }
+  if (const auto& err = error) {
+    if (err->fatal) worker_.Stop();
     return fail(err->status == "launch_error" ? EvalStatus::kLaunchError : EvalStatus::kRuntimeError, err->message);
   }
   return true;
@@ -281,7 +209,7 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
     const auto* known = set < static_cast<int>(verified_.size()) && repeat_by_hash_ ? &verified_[set][oi] : nullptr;
     bool repeated = false;
     if (known && *known) {
-      auto h = HashRange(arena_.get() + o.offset, static_cast<uint64_t>(o.spec->numel()), DTypeSize(o.spec->dtype));
+      auto h = HashRange(arena_.base() + o.offset, static_cast<uint64_t>(o.spec->numel()), DTypeSize(o.spec->dtype));
       if (!h.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + h.status().message());
       repeated = *h == (*known)->hash;
       if (repeated) {
@@ -319,7 +247,7 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
       if (e.first_mismatch >= 0) {
         size_t es = DTypeSize(t.dtype);
         unsigned char got[8] = {}, want[8] = {};
-        d_->cuMemcpyDtoH(got, arena_.get() + o.offset + e.first_mismatch * es, es);
+        d_->cuMemcpyDtoH(got, arena_.base() + o.offset + e.first_mismatch * es, es);
         d_->cuMemcpyDtoH(want, o.refs[set] + e.first_mismatch * es, es);
         msg += "; first at index " + std::to_string(e.first_mismatch) + ": got " + Num(ElementAsDouble(t.dtype, got));
         if (opts_.reveal_reference_values && !practice_) msg += ", expected " + Num(ElementAsDouble(t.dtype, want));
@@ -337,12 +265,12 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
   bool input_named = false;
   timer.reset();
   timer.emplace(&parts_.inputs);
-  for (const StagedSlot& slot : StagedSlots(set)) {
+  for (const StagedSlot& slot : arena_.StagedSlots(set)) {
     const TensorSlot* s = slot.work;
-    auto diff = ChangedWords(*s, *slot.pristine, slot.hash);
+    auto diff = arena_.ChangedWords(*s, *slot.pristine, slot.hash);
     if (!diff.ok()) return fail(EvalStatus::kRuntimeError, "evaluator: " + diff.status().message());
     if (*diff) {
-      (void)RestoreSlot(*s, *slot.pristine);
+      (void)arena_.RestoreSlot(*s, *slot.pristine);
       std::string msg = "input '" + s->name + "' was modified by the candidate (" + std::to_string(*diff) +
                         " 4-byte words changed, input set " + std::to_string(set) + ")";
       if (!input_named && (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)) {
@@ -356,15 +284,15 @@ void GpuEvaluator::CheckRun(int set, RunResult& r) {
   timer.reset();
   timer.emplace(&parts_.guards);
   auto check_guard = [&](uint64_t off, uint64_t bytes, const std::string& what) {
-    auto n = CountNotFill(arena_.get() + off, bytes, kGuardByte);
+    auto n = arena_.CheckGuard(off, bytes);  // a guard written to is written again
     if (n.ok() && *n) {
-      d_->cuMemsetD8(arena_.get() + off, kGuardByte, bytes);
       if (r.status == EvalStatus::kCorrect || r.status == EvalStatus::kIncorrect)
         fail(EvalStatus::kRuntimeError, "wrote " + std::to_string(*n) + " bytes " + what);
     }
   };
   check_guard(0, kGuard, "before the start of its buffers");
-  if (tail_guard_bytes_) check_guard(tail_guard_offset_, tail_guard_bytes_, "past the end of its buffers");
+  if (arena_.tail_guard_bytes())
+    check_guard(arena_.tail_guard_offset(), arena_.tail_guard_bytes(), "past the end of its buffers");
   for (const auto& o : outputs_)
     check_guard(o.guard_offset, o.guard_bytes, "past the end of output '" + o.spec->name + "' (its alignment padding included)");
 }
@@ -378,28 +306,28 @@ std::optional<Evaluation> GpuEvaluator::LoadCandidate(Judgement& j) {
   if (!plan.ok()) return Conclude(j, EvalStatus::kInvalidPlan, plan.status().message());
   j.plan = std::move(plan).value();
   j.e.launches = j.plan->Summary();
-  if (!worker_ready_) {
+  if (!worker_.ready()) {
     if (Status s = StartWorker(); !s.ok()) return Conclude(j, EvalStatus::kRuntimeError, "evaluator: " + s.message());
     j.Phase("worker_start");
   }
-  if (Status s = SendMessage(worker_.stdin_fd(), wire::ToJson(BuildLoadRequest(*j.plan, j.compiled))); !s.ok()) {
-    StopWorker("send failed");
+  if (Status s = worker_.Send(BuildLoadRequest(*j.plan, j.compiled)); !s.ok()) {
+    worker_.Stop();  // send failed
     return Conclude(j, EvalStatus::kRuntimeError, "the worker is gone: " + s.message());
   }
-  auto reply = ReceiveMessage(worker_.stdout_fd(), 60);
-  if (!reply.ok()) {
-    StopWorker("load failed");
-    return Conclude(j, EvalStatus::kLaunchError, "loading the module: " + reply.status().message());
+  auto reply = worker_.Receive<wire::LoadReply>(60);
+  if (!reply.received.ok()) {
+    worker_.Stop();  // load failed
+    return Conclude(j, EvalStatus::kLaunchError, "loading the module: " + reply.received.message());
   }
-  if (auto err = wire::ErrorOf(*reply)) {
-    if (err->fatal) StopWorker("fatal");
+  if (const auto& err = reply.error) {
+    if (err->fatal) worker_.Stop();
     // A tensor map the driver refuses is the plan's fault, like any other bad map.
     return Conclude(j, err->status == "invalid_plan" ? EvalStatus::kInvalidPlan : EvalStatus::kLaunchError,
                     err->message.empty() ? "load failed" : err->message);
   }
-  auto loaded = wire::FromJson<wire::LoadReply>(*reply);
+  const auto& loaded = reply.reply;
   if (!loaded.ok()) {
-    StopWorker("unreadable load reply");
+    worker_.Stop();  // unreadable load reply
     return Conclude(j, EvalStatus::kRuntimeError, "evaluator: " + loaded.status().message());
   }
   j.occupancy = loaded->occupancy;

@@ -128,7 +128,7 @@ StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set)
 Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, bool* bad, uint64_t* hash) {
   const TensorSpec& t = *o.spec;
   Tolerance tol = SetTolerance(o, set);  // widened by PyTorch's own float32 rounding, where measured
-  CompareArgs a{arena_.get() + o.offset, o.refs[set], static_cast<unsigned long long>(t.numel()), tol.atol,
+  CompareArgs a{arena_.base() + o.offset, o.refs[set], static_cast<unsigned long long>(t.numel()), tol.atol,
                 tol.rtol, INFINITY, 0, 0};
   if (tol.large_rel > 0) {
     // "Not tiny" is relative to the output's RMS, so an honest kernel's
