@@ -218,11 +218,13 @@ Status GpuEvaluator::LoadHelpers() {
     helpers_cubin_ = helpers.cubin;
     for (int i = 0; i < 9; ++i) {
       KS_ASSIGN_OR_RETURN(cmp_fn_[i], helpers_.Function(kCmpNames[i]));
+      cmp_grid_[i] = HelperGrid(cmp_fn_[i]);
     }
     KS_ASSIGN_OR_RETURN(diff_words_, helpers_.Function("diff_words"));
     KS_ASSIGN_OR_RETURN(count_not_fill_, helpers_.Function("count_not_fill"));
     for (int i = 0; i < 4; ++i) {
       KS_ASSIGN_OR_RETURN(hash_fn_[i], helpers_.Function(kHashNames[i]));
+      hash_grid_[i] = HelperGrid(hash_fn_[i]);
     }
     std::random_device rd;
     for (uint64_t& k : hash_key_) k = (static_cast<uint64_t>(rd()) << 32) ^ rd();

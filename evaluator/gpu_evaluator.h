@@ -390,7 +390,9 @@ class GpuEvaluator : public CandidateEvaluator {
   // The keyed hash (gpu_internal::HashKey) of n elements of `width` bytes at p:
   // the same figure CompareOutput returns for an output's bits.
   StatusOr<uint64_t> HashRange(CUdeviceptr p, uint64_t n, size_t width);
-  unsigned HelperGrid(CUfunction fn) const;  // one full wave of a helper kernel's 256-thread blocks
+  // One full wave of a helper kernel's 256-thread blocks: asked of the driver
+  // once per helper at LoadHelpers (cmp_grid_, hash_grid_), not per launch.
+  unsigned HelperGrid(CUfunction fn) const;
   StatusOr<uint64_t> CountNotFill(CUdeviceptr p, uint64_t bytes, uint8_t fill);
   Status MeasureBandwidth();
 
@@ -406,6 +408,7 @@ class GpuEvaluator : public CandidateEvaluator {
   CUfunction cmp_fn_[9] = {};
   CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
   CUfunction hash_fn_[4] = {};  // hash_b8 .. hash_b64
+  unsigned cmp_grid_[9] = {}, hash_grid_[4] = {};  // HelperGrid of each, at LoadHelpers
   uint64_t hash_key_[2] = {};   // gpu_internal::HashKey, drawn at Setup
   // Per set and output, within one candidate's judgement: the hash and the
   // figures of a run verified against the reference. A later run of a kernel

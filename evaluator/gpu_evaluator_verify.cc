@@ -60,7 +60,7 @@ StatusOr<uint64_t> GpuEvaluator::HashRange(CUdeviceptr p, uint64_t n, size_t wid
   HashKey key{hash_key_[0], hash_key_[1]};
   CUdeviceptr out = stats_.get();
   void* args[] = {&p, &count, &key, &out};
-  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, HelperGrid(hash_fn_[fn])));
+  unsigned grid = static_cast<unsigned>(std::clamp<uint64_t>((n + 255) / 256, 1, hash_grid_[fn]));
   KS_RETURN_IF_ERROR(d_->Check(d_->cuLaunchKernel(hash_fn_[fn], grid, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "hash"));
   uint64_t result = 0;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuMemcpyDtoH(&result, out, 8), "cuMemcpyDtoH"));
@@ -121,7 +121,7 @@ StatusOr<double> GpuEvaluator::ReferenceSumSquares(const OutputSlot& o, int set)
   PoisonPattern p;
   PoisonFor(o.spec->dtype, &p, &a.poison);
   KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(o.spec->dtype)], stats_.get(),
-                                             HelperGrid(cmp_fn_[static_cast<int>(o.spec->dtype)]), a));
+                                             cmp_grid_[static_cast<int>(o.spec->dtype)], a));
   return s.sum_sq_ref;
 }
 
@@ -141,7 +141,7 @@ Status GpuEvaluator::CompareOutput(OutputSlot& o, int set, OutputError* err, boo
   PoisonPattern p;
   PoisonFor(t.dtype, &p, &a.poison);
   KS_ASSIGN_OR_RETURN(Stats s, LaunchCompare(d_, cmp_fn_[static_cast<int>(t.dtype)], stats_.get(),
-                                             HelperGrid(cmp_fn_[static_cast<int>(o.spec->dtype)]), a));
+                                             cmp_grid_[static_cast<int>(o.spec->dtype)], a));
   float mabs, mrel;
   std::memcpy(&mabs, &s.max_abs_bits, 4);
   std::memcpy(&mrel, &s.max_rel_bits, 4);
