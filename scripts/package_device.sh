@@ -28,7 +28,8 @@ for b in "$dist"/bin/*; do
   done
 done
 strip --strip-unneeded "$dist"/lib/* 2>/dev/null || true
-cp -r "$root/evaluator/reference" "$dist/share/kernelsearch/reference"
+# The bridge's Python only (its C++ client lives beside it in the source tree), as `install` does.
+(cd "$root/evaluator" && find reference -name '*.py' -print0 | xargs -0 cp --parents -t "$dist/share/kernelsearch")
 cp -r "$root/prompts" "$root/problems" "$root/export" "$dist/share/kernelsearch/"
 find "$dist" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$dist"

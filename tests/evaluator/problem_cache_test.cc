@@ -2,46 +2,10 @@
 // temporary directories, its phases, and the keys of its entries under each
 // timing precision. They run the bridge with a real python3 + torch (CPU is
 // enough); without one they skip, saying why.
-#include "evaluator/reference/bridge_internal.h"
-#include "evaluator/cuda_driver.h"
-#include "evaluator/problem.h"
-#include "evaluator/reference/reference_cache.h"
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
-#include "common/files.h"
-#include "common/subprocess.h"
 #include "tests/evaluator/problem_test_util.h"
-#include "tests/testing/paths.h"
-#include "tests/testing/skip.h"
-#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
-
-namespace fs = std::filesystem;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ks::problem_test::CpuOptions;
-using ks::problem_test::Fixture;
-using ks::problem_test::kMatmulSetBytes;
-using ks::problem_test::ReadFloats;
-using ks::problem_test::RunCli;
-using ks::testing::TempDir;
 
 // ---- The bounded cache ------------------------------------------------------------------
 
@@ -245,13 +209,33 @@ TEST(ReferenceKeyTest, HighAndMediumTimedOnAGpuAreEntriesOfTheirOwn) {
   EXPECT_EQ(KeyUnder(k, "medium"), KeyUnder(k, "highest"));
 }
 
+// A resident reference whose manifest is cached: its timings and signature
+// come from it (no --time, --signature-from the manifest); without one the
+// bridge times and infers the shapes itself.
+TEST(ReferenceKeyTest, ACachedResidentManifestGivesTheBridgeItsSignature) {
+  ReferenceOptions o;
+  o.time = true;
+  auto has = [](const std::vector<std::string>& args, const std::string& a) {
+    return std::find(args.begin(), args.end(), a) != args.end();
+  };
+  const auto cached = bridge_internal::ReferenceArgs("p.py", o, true, uint64_t{1} << 30, true, "/c/m.json");
+  auto it = std::find(cached.begin(), cached.end(), "--signature-from");
+  ASSERT_NE(it, cached.end());
+  ASSERT_NE(it + 1, cached.end());
+  EXPECT_EQ(*(it + 1), "/c/m.json");
+  EXPECT_FALSE(has(cached, "--time"));
+  const auto fresh = bridge_internal::ReferenceArgs("p.py", o, true, uint64_t{1} << 30, true, "");
+  EXPECT_FALSE(has(fresh, "--signature-from"));
+  EXPECT_TRUE(has(fresh, "--time"));
+}
+
 TEST(ReferenceKeyTest, TheBridgeIsToldTheLevelWhenItTimesOnAGpu) {
   auto level = [](const std::string& precision, bool time, bool on_cuda, bool may_stay) {
     ReferenceOptions o;
     o.precision = precision;
     o.time = time;
     const std::vector<std::string> args =
-        bridge_internal::ReferenceArgs("p.py", o, on_cuda, uint64_t{1} << 30, may_stay, /*timing_cached=*/false);
+        bridge_internal::ReferenceArgs("p.py", o, on_cuda, uint64_t{1} << 30, may_stay, /*cached_manifest=*/"");
     auto it = std::find(args.begin(), args.end(), "--precision");
     return it == args.end() ? std::string("absent") : it + 1 == args.end() ? std::string("no value") : *(it + 1);
   };

@@ -2,45 +2,10 @@
 // python are found, problem signatures (computed and shape-only) and bad
 // problem files. They run the bridge with a real python3 + torch (CPU is
 // enough); without one they skip, saying why.
-#include "evaluator/reference/bridge_internal.h"
-#include "evaluator/cuda_driver.h"
-#include "evaluator/problem.h"
-#include "evaluator/reference/reference_cache.h"
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
-#include "common/files.h"
-#include "common/subprocess.h"
 #include "tests/evaluator/problem_test_util.h"
-#include "tests/testing/paths.h"
-#include "tests/testing/skip.h"
-#include "tests/testing/temp_dir.h"
 
 namespace ks {
 namespace {
-
-namespace fs = std::filesystem;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ks::problem_test::CpuOptions;
-using ks::problem_test::Fixture;
-using ks::problem_test::ReadFloats;
-using ks::problem_test::RunCli;
-using ks::testing::TempDir;
 
 // ---- Data files and python --------------------------------------------------------
 

@@ -4,15 +4,36 @@
 // tests/testing/paths.h finds it, so that a packaged dist/ runs these too).
 #pragma once
 
+// It also holds the includes and names every one of those files uses (the
+// ks namespace's test-only prelude), so that each file starts at its tests.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/files.h"
 #include "common/status.h"
 #include "common/subprocess.h"
+#include "evaluator/cuda_driver.h"
 #include "evaluator/problem.h"
+#include "evaluator/reference/bridge_internal.h"
+#include "evaluator/reference/reference_cache.h"
 #include "tests/testing/paths.h"
+#include "tests/testing/skip.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ks::problem_test {
 
@@ -56,3 +77,16 @@ inline SubprocessResult RunCli(std::vector<std::string> args) {
 }
 
 }  // namespace ks::problem_test
+
+// The names the problem_*_test.cc files use unqualified.
+namespace ks {
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ks::problem_test::CpuOptions;
+using ks::problem_test::Fixture;
+using ks::problem_test::kMatmulSetBytes;
+using ks::problem_test::ReadFloats;
+using ks::problem_test::RunCli;
+using ks::testing::TempDir;
+}  // namespace ks
