@@ -35,6 +35,11 @@ problem prints goes to stderr so it cannot corrupt that object):
       and made room for the cache entry meanwhile), writes DIR as
       reference --out does and prints the manifest. EOF instead of the line
       ends it quietly.
+      With --signature-from FILE (a cached manifest of this problem, made by
+      the same bridge: the caller's cache key says so), its "signature" is
+      used instead of shape inference and FLOP counting, which cost seconds
+      of torch imports on every command; an unreadable FILE means shape
+      inference as before.
       With --practice-sets P --practice-seed Q (any of the forms above), P
       more get_inputs() sets follow the K judging sets, drawn from seeds
       Q+1..Q+P and marked "practice" in the manifest: an agent's practice
@@ -68,11 +73,15 @@ import errno
 import json
 import os
 import sys
+import time
+
+_STARTED = time.monotonic()  # before ks_bridge's imports: --verbose's setup phases start here
+_SETUP_PHASES = []  # (name, seconds) before the reference's own phases, in order
 
 from ks_bridge.compile_helper import CompileHelper, _COMPILE_HELPER, cmd_time_compiled
 from ks_bridge.errors import (BridgeError, EXIT_BAD_PROBLEM, EXIT_INTERNAL, _ANSWER, _answer_line, _first_line,
                               _traceback_tail)
-from ks_bridge.flops import count_flops
+from ks_bridge.flops import FLOP_KEYS, count_flops
 from ks_bridge.problem_file import Problem, resolve_device
 from ks_bridge.reference_sets import run_reference, write_manifest
 from ks_bridge.resident import _Resident, _spec_bytes, fit_resident
@@ -133,8 +142,24 @@ def _practice(args):
 _RESIDENT = None  # reference --resident: what the evaluator maps, alive until stdin closes
 
 
+def _cached_signature(path):
+    """The signature of a cached manifest (--signature-from), or None when there
+    is none to use: then shape inference runs, as without the flag."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            sig = json.load(f).get("signature")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(sig, dict) or not all(isinstance(sig.get(k), list) for k in ("inputs", "outputs", "parameters")):
+        return None
+    return sig
+
+
 def cmd_reference(problem, args):
     global _RESIDENT
+    known_flops = None  # the cached signature's FLOP keys: not counted again
     if args.resident or args.then_files:
         if args.out:
             raise BridgeError("bad_arguments", "reference takes --out DIR, or --resident / --then-files, not both")
@@ -142,7 +167,14 @@ def cmd_reference(problem, args):
         if args.resident_min_bytes is not None or args.device_budget or args.then_files:
             # The caller has no signature yet: shape inference here, in the
             # process that has torch imported already, decides.
-            sig = cmd_signature(problem, args)
+            t0 = time.monotonic()
+            sig = _cached_signature(args.signature_from)
+            if sig is None:
+                sig = cmd_signature(problem, args)
+                _SETUP_PHASES.append(("signature (shape inference, FLOP count)", time.monotonic() - t0))
+            else:
+                _SETUP_PHASES.append(("signature (from the cache)", time.monotonic() - t0))
+                known_flops = {k: sig[k] for k in FLOP_KEYS if k in sig}
             total = _spec_bytes(sig["parameters"]) + args.sets * (_spec_bytes(sig["inputs"]) +
                                                                   _spec_bytes(sig["outputs"]))
             stays = args.resident and (args.resident_min_bytes is None or total >= args.resident_min_bytes)
@@ -159,7 +191,7 @@ def cmd_reference(problem, args):
                     return None
                 out, sets, do_time, room = req
                 manifest = run_reference(problem, out, sets, args.seed, args.device, do_time, transform_room=room,
-                                         timing_level=args.precision, practice=_practice(args))
+                                         timing_level=args.precision, practice=_practice(args), flops=known_flops)
                 write_manifest(out, manifest)
                 return manifest
             practice = args.practice_sets
@@ -181,7 +213,8 @@ def cmd_reference(problem, args):
             room = args.transform_sets
         _RESIDENT = _Resident()
         manifest = run_reference(problem, None, sets, args.seed, args.device, args.time, resident=_RESIDENT,
-                                 transform_room=room, timing_level=args.precision, practice=_practice(args))
+                                 transform_room=room, timing_level=args.precision, practice=_practice(args),
+                                 flops=known_flops)
         manifest["resident"] = True
         manifest["pci_bus_id"] = _RESIDENT.pci_bus_id()
         if warning:
@@ -252,6 +285,7 @@ def _parser():
             s.add_argument("--then-files", action="store_true")
             s.add_argument("--resident-min-bytes", type=int, default=None)
             s.add_argument("--device-budget", type=int, default=0)
+            s.add_argument("--signature-from", default=None)
             # Room for this many distribution-shifted sets (transforms.py); 0: none.
             s.add_argument("--transform-sets", type=int, default=4)
             s.add_argument("--practice-sets", type=int, default=0)
@@ -299,17 +333,22 @@ def main(argv):
     except ImportError as e:
         return emit({"error": {"kind": "no_torch", "message": "%s cannot import torch: %s" % (sys.executable, e),
                                "detail": ""}}, EXIT_INTERNAL)
+    _SETUP_PHASES.append(("imports (torch, ks_bridge)", time.monotonic() - _STARTED))
     what = "peaks" if args.command == "peaks" else args.problem
     try:
         if args.command == "peaks":
             return emit(cmd_peaks(args), 0)
+        t0 = time.monotonic()
         problem = Problem(args.problem).load()
         problem.variant = getattr(args, "variant", None)
+        _SETUP_PHASES.append(("the problem file's import", time.monotonic() - t0))
         result = {"signature": cmd_signature, "reference": cmd_reference, "check": cmd_check,
                   "time-compiled": cmd_time_compiled}[args.command](
             problem, args)
         if result is None:  # the caller closed stdin instead of asking for more
             return 0
+        if isinstance(result, dict) and isinstance(result.get("phases"), list):
+            result["phases"] = [[k, round(v, 3)] for k, v in _SETUP_PHASES] + result["phases"]
         code = emit(result, 0)
         hold_resident()
         return code

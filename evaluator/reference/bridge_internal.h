@@ -134,7 +134,10 @@ std::string KeyHash(const KeyFacts& k, const ReferenceOptions& opts, bool timed,
 
 // bridge.py reference's arguments: the sets, and what the bridge may do after
 // the sizes (keep the reference on the GPU, time it, and under which level).
+// `cached_manifest`: a resident reference's cached manifest ("" = none): its
+// timings are used (no --time) and its signature too (--signature-from: no
+// shape inference, no FLOP count, seconds of torch imports saved).
 std::vector<std::string> ReferenceArgs(const std::string& file, const ReferenceOptions& opts, bool on_cuda,
-                                       uint64_t min_bytes, bool may_stay, bool timing_cached);
+                                       uint64_t min_bytes, bool may_stay, const std::string& cached_manifest);
 
 }  // namespace ks::bridge_internal

@@ -271,7 +271,7 @@ std::optional<ReferenceData> FromCache(const std::vector<fs::path>& usable,
 
 std::vector<std::string> bridge_internal::ReferenceArgs(const std::string& file, const ReferenceOptions& opts,
                                                         bool on_cuda, uint64_t min_bytes, bool may_stay,
-                                                        bool timing_cached) {
+                                                        const std::string& cached_manifest) {
   std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
   if (opts.practice_sets > 0)
@@ -290,7 +290,11 @@ std::vector<std::string> bridge_internal::ReferenceArgs(const std::string& file,
                                  std::to_string(min_bytes), std::string("--device-budget"),
                                  std::to_string(opts.device_budget)})
       args.push_back(a);
-    if (opts.time && !timing_cached) args.push_back("--time");
+    if (opts.time && cached_manifest.empty()) args.push_back("--time");
+    if (!cached_manifest.empty()) {
+      args.push_back("--signature-from");
+      args.push_back(cached_manifest);
+    }
   } else if (opts.time && on_cuda) {
     args.push_back("--time");  // timing to come: the bridge starts torch.compile's warm-up at once
   }
@@ -466,8 +470,9 @@ StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const Refer
   const bool may_stay = key.on_cuda && min_bytes != UINT64_MAX;
   const std::optional<json> cached = CachedTimings(place, opts, may_stay);
   std::unique_ptr<WaitingBridge> waiting;
+  const std::string cached_manifest = cached ? (place.timing_dir / "manifest.json").string() : "";
   KS_ASSIGN_OR_RETURN(auto made, StartBridge(file, ReferenceArgs(file, opts, key.on_cuda, min_bytes, may_stay,
-                                                                 cached.has_value()),
+                                                                 cached_manifest),
                                              opts.bridge, &waiting));
   const double signature_s = Since(mark);
   if (made.first.resident)

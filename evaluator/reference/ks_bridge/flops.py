@@ -13,6 +13,9 @@ _MATRIX_OP_WORDS = ("mm", "conv", "attention", "linear", "matmul", "dot", "einsu
 
 # The dtype of an op's operands -> the compute class whose measured peak
 # (peaks.py) bounds it. Classes without a measured peak get no compute floor.
+# The keys count_flops merges into a signature.
+FLOP_KEYS = ("flops", "flops_source", "flops_by_class", "flops_note")
+
 _FLOP_CLASS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 
 

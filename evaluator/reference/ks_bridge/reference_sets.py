@@ -82,7 +82,7 @@ def _fits_for_timing(kept_bytes, new_bytes, device):
 
 
 def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=None, transform_room=None,
-                  timing_level=None, practice=None):
+                  timing_level=None, practice=None, flops=None):
     """Builds the model, runs K input sets, writes them when out_dir is given,
     or keeps them on the GPU when `resident` (a _Resident) is given; then up
     to `transform_room` distribution-shifted sets (transforms.py,
@@ -97,11 +97,14 @@ def run_reference(problem, out_dir, sets, seed, device_name, do_time, resident=N
     Q+1..Q+P, marked "practice" (an agent's practice sets; never judged);
     they take part in nothing a judging set decides (the checks of set 0,
     the timing, the shifted sets' origin).
+    `flops`: the FLOP keys of a cached signature of this problem (the
+    manifest's, instead of counting again), or None.
     """
     import torch  # noqa: F401 - as before the split: torch first, then the arguments
     if sets < 1:
         raise BridgeError("bad_arguments", "--sets must be at least 1")
     run = _ReferenceRun(problem, out_dir, sets, seed, do_time, resident, timing_level, practice)
+    run.known_flops = flops
     run.build_model(device_name)
     for i in range(run.sets):
         run.run_set(i)
@@ -144,6 +147,7 @@ class _ReferenceRun:
         self.base_nonfinite = {}  # output name -> NaN/Inf elements in set 0's reference
         self.transform_info, self.t_kept = [], []
         self.timing = {"eager": None, "compiled": None}
+        self.known_flops = None  # a cached signature's FLOP keys (run_reference's `flops`)
 
     def phase(self, name):
         """Adds the wall time since the previous mark to `name`: --verbose shows what dominates."""
@@ -457,10 +461,11 @@ class _ReferenceRun:
     def manifest(self, degenerate):
         import torch
         problem, device, sets = self.problem, self.device, self.sets
-        return {
+        m = {
             "signature": dict(make_signature(problem, self.sig_inputs, self.params, self.sig_outputs),
                               # PyTorch's own float32 rounding by output (measure_rounding): widens its tolerance.
-                              reference_error=self.rounding, **count_flops(problem, self.seed)),
+                              reference_error=self.rounding,
+                              **(self.known_flops if self.known_flops else count_flops(problem, self.seed))),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__,
             "sets": self.manifest_sets,
@@ -482,9 +487,11 @@ class _ReferenceRun:
             # Each transform of transforms.TRANSFORMS: its set's index, or why it has none.
             "transforms": self.transform_info,
             "scalars": self.scalars,
-            # Wall seconds per phase of this bridge run, in order (not part of any result).
-            "phases": [[k, round(v, 3)] for k, v in self.phases.items()],
         }
+        self.phase("manifest (FLOP count, warnings)")
+        # Wall seconds per phase of this bridge run, in order (not part of any result).
+        m["phases"] = [[k, round(v, 3)] for k, v in self.phases.items()]
+        return m
 
 
 def _shifted_state(model, snapshot, name, seed, params_too):
