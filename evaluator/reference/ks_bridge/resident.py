@@ -109,22 +109,45 @@ class _Resident:
         return bus.value.decode()
 
 
+_WEIGHTS = {}  # device -> int64 position weights (i % 65521 + 1), shared by every chunk (_fingerprint)
+
+
+def _chunk_weights(n, device):
+    """Position weights for one chunk of n elements (made once per device)."""
+    import torch
+    key = str(device)
+    w = _WEIGHTS.get(key)
+    if w is None or w.numel() < n:  # grown to the longest chunk seen (at most CHUNK_ELEMENTS)
+        w = torch.arange(n, device=device, dtype=torch.int64) % 65521 + 1
+        _WEIGHTS[key] = w
+    return w[:n]
+
+
 def _fingerprint(t):
     """A cheap digest of t's bytes computed where t lives (chunked: no copy of a
-    multi-GB tensor): tells whether forward changed an input in place."""
+    multi-GB tensor): tells whether forward changed an input in place. The
+    bytes are read as 32-bit words where the tensor allows (a quarter of the
+    elements), each chunk's sum and position-weighted sum (weighted again by
+    the chunk's index, so a permutation changes it too) add up on the device
+    in int64, wrapping (the same for any order), and one sync per tensor
+    reads them. The digest depends on the bytes and their number only."""
     import torch
     flat = t.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
         return (0, 0)
     b = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)
-    total, weighted = 0, 0
-    step = CHUNK_ELEMENTS * 4
-    for i in range(0, b.numel(), step):
-        c = b[i:i + step].to(torch.int64)
-        w = torch.arange(i, i + c.numel(), device=c.device, dtype=torch.int64) % 65521 + 1
-        total += int(c.sum())
-        weighted = (weighted + int((c * w).sum())) % (1 << 61)
-    return (total, weighted)
+    words = b
+    if b.numel() % 4 == 0:
+        if b.storage_offset() % 4:
+            b = b.clone()  # a view at an odd byte offset (rare): the same bytes, the same digest
+        words = b.view(torch.int32)
+    total = torch.zeros((), dtype=torch.int64, device=words.device)
+    weighted = torch.zeros((), dtype=torch.int64, device=words.device)
+    for k, i in enumerate(range(0, words.numel(), CHUNK_ELEMENTS)):
+        c = words[i:i + CHUNK_ELEMENTS].to(torch.int64)
+        total += c.sum()
+        weighted += (c * _chunk_weights(c.numel(), c.device)).sum() * (k + 1)
+    return (int(total), int(weighted))
 
 
 def _same_data(a, b):
