@@ -33,6 +33,18 @@ void AddPythonOption(CLI::App* sub, std::string* python) {
                   "/usr/bin/python3 that imports torch)");
 }
 
+void AddPrecisionOption(CLI::App* sub, Contract* precision) {
+  sub->add_option_function<std::string>(
+         "--precision",
+         [precision](const std::string& name) {
+           auto contract = ParseContract(name);
+           if (!contract.ok()) throw CLI::ValidationError("--precision", contract.status().message());
+           *precision = *contract;
+         },
+         kPrecisionHelp)
+      ->check(CLI::IsMember(ContractNames()));
+}
+
 void AddGpusOption(CLI::App* sub, std::string* gpus) {
   sub->add_option("--gpus", *gpus,
                   "GPUs to evaluate on: all, or a list such as 0,1 (one evaluator per GPU, candidates go to whichever "

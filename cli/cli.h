@@ -53,6 +53,10 @@ StatusOr<std::pair<std::string, uint64_t>> ResolveCacheFlags(const CacheFlags& f
 // The --python option, the same on every command that runs the reference bridge.
 void AddPythonOption(CLI::App* sub, std::string* python);
 
+// The --precision option (kPrecisionHelp), the same on eval, search and suite:
+// a contract's name or alias, parsed into `precision` once, where it is read.
+void AddPrecisionOption(CLI::App* sub, Contract* precision);
+
 // The --gpus option (search/evaluator_pool.h): "all" or "0,1,..", one
 // evaluator per GPU; empty = GPU 0 only.
 void AddGpusOption(CLI::App* sub, std::string* gpus);

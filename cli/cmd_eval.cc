@@ -34,7 +34,7 @@ struct EvalArgs {
   bool keep_privileges = false;
   double run_timeout_s = 0;
   std::string timing = "adaptive";  // --timing: adaptive | full (GpuEvaluatorOptions::timing)
-  std::string precision = "highest";  // --precision (GpuEvaluatorOptions::precision, evaluator/judge/judge.h)
+  Contract precision = Contract::kHighest;  // --precision (evaluator/judge/judge.h)
   CacheFlags cache;
   bool verbose = false;
   bool profile = false;      // --profile: hardware counters of each correct candidate (ncu)
@@ -64,7 +64,7 @@ StatusOr<EvaluatorOptions> EvalEvaluatorOptions(const EvalArgs& a, const std::st
   eo.spec = spec;
   eo.python = a.python;
   eo.gpus = a.gpus;
-  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(a.precision));
+  eo.precision = a.precision;
   eo.sets = a.sets;
   eo.drop_privileges = !a.keep_privileges;
   eo.run_timeout_s = a.run_timeout_s;
@@ -332,7 +332,7 @@ void RegisterEvalCommand(CLI::App& app) {
                   "its own and the full planned count of timed runs (the method before adaptive timing)")
       ->capture_default_str()
       ->check(CLI::IsMember({"adaptive", "full"}));
-  sub->add_option("--precision", a->precision, kPrecisionHelp)->check(CLI::IsMember(ContractNames()));
+  AddPrecisionOption(sub, &a->precision);
   AddPythonOption(sub, &a->python);
   AddCacheOptions(sub, &a->cache);
   sub->add_flag("--keep-privileges", a->keep_privileges, "Do not drop to nobody in the worker when running as root");

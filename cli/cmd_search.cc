@@ -52,7 +52,7 @@ struct SearchFlags {
   bool allow_degenerate = false;
   bool no_bank = false;
   std::string require;  // --require robust
-  std::string precision = "highest";  // --precision (GpuEvaluatorOptions::precision, evaluator/judge/judge.h)
+  Contract precision = Contract::kHighest;  // --precision (evaluator/judge/judge.h)
   std::string implement;           // --implement oneshot | agent (search/agent.h)
   int agent_turns = 0, agent_tool_calls = 0;
   int64_t agent_tokens = 0;
@@ -279,7 +279,7 @@ StatusOr<SearchOutcome> StoredOutcome(store::LineageStore* store, const store::S
 // (SearchSetup::PrepareEvaluator), which --precision sets.
 StatusOr<EvaluatorOptions> SearchEvaluatorOptions(const SearchFlags& f) {
   EvaluatorOptions eo{.spec = f.evaluator, .python = f.python, .device = 0, .gpus = f.gpus};
-  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(f.precision));
+  eo.precision = f.precision;
   return eo;
 }
 
@@ -617,7 +617,7 @@ void AddSharedSearchOptions(CLI::App* sub, SearchFlags* f) {
   sub->add_option("--require", f->require,
                   "robust: a kernel that only holds for get_inputs()'s distribution (specialised) counts as incorrect")
       ->check(CLI::IsMember({"robust"}));
-  sub->add_option("--precision", f->precision, kPrecisionHelp)->check(CLI::IsMember(ContractNames()));
+  AddPrecisionOption(sub, &f->precision);
   sub->add_flag("--quiet", f->quiet, "no live progress");
   sub->add_option("--evaluator", f->evaluator, "gpu (default), or fake[:FILE] for tests (scripted_evaluator.h)");
   AddGpusOption(sub, &f->gpus);

@@ -70,7 +70,7 @@ Status Orchestrator::SearchRun::Load() {
     problem_.signature = std::move(sig).value();
   }
   problem_.gpu = config_.gpu;
-  if (auto c = ParseContract(config_.precision); c.ok()) problem_.judging = DescribeContract(*c);
+  problem_.judging = DescribeContract(config_.precision);
   KS_RETURN_IF_ERROR(LoadMeasuredFacts());
   if (config_.bank) {
     KS_ASSIGN_OR_RETURN(auto entries, store_->BankCandidates(search_.problem_id));
@@ -369,7 +369,8 @@ StatusOr<int64_t> Orchestrator::SearchRun::EvaluateBatch() {
   int64_t done = 0;
   for (const auto& hash : order) {
     const auto& group = groups[hash];
-    KS_ASSIGN_OR_RETURN(auto earlier, store_->FindEvaluatedByHash(search_.problem_id, hash, config_.precision));
+    KS_ASSIGN_OR_RETURN(auto earlier,
+                        store_->FindEvaluatedByHash(search_.problem_id, hash, ContractName(config_.precision)));
     if (earlier) {
       KS_ASSIGN_OR_RETURN(Evaluation e, StoredEvaluation(*earlier));
       ApplyRobustPolicy(e, config_.require_robust);

@@ -4,7 +4,6 @@
 
 #include "common/files.h"
 #include "common/json_field.h"
-#include "evaluator/judge/judge.h"
 
 namespace ks {
 
@@ -19,9 +18,6 @@ StatusOr<ImplementMode> ParseImplementMode(const std::string& name) {
 Status SearchConfig::Validate() const {
   if (agent_turns < 1 || agent_tool_calls < 1 || agent_tokens < 0)
     return InvalidArgument("agent budgets: turns and tool calls must be >= 1, tokens >= 0");
-  if (!ParseContract(precision).ok())
-    return InvalidArgument("precision must be highest, high, medium or kernelbench (fp32, tf32: aliases), not '" +
-                           precision + "'");
   if (rounds < 0) return InvalidArgument("rounds must be >= 0");
   if (ideas < 1) return InvalidArgument("ideas must be >= 1");
   if (branches < 1) return InvalidArgument("branches must be >= 1");
@@ -102,7 +98,7 @@ nlohmann::json SearchConfigToJson(const SearchConfig& c) {
           {"bank", c.bank},
           {"allow_degenerate", c.allow_degenerate},
           {"require_robust", c.require_robust},
-          {"precision", c.precision},
+          {"precision", ContractName(c.precision)},
           {"implement", ImplementModeName(c.implement)},
           {"agent_turns", c.agent_turns},
           {"agent_tool_calls", c.agent_tool_calls},
@@ -142,7 +138,13 @@ StatusOr<SearchConfig> SearchConfigFromJson(const nlohmann::json& j) {
     ReadField(j, "bank", &c.bank);
     ReadField(j, "allow_degenerate", &c.allow_degenerate);
     ReadField(j, "require_robust", &c.require_robust);
-    ReadField(j, "precision", &c.precision);
+    std::string precision = ContractName(c.precision);
+    ReadField(j, "precision", &precision);
+    auto contract = ParseContract(precision);
+    if (!contract.ok())
+      return InvalidArgument("precision must be highest, high, medium or kernelbench (fp32, tf32: aliases), not '" +
+                             precision + "'");
+    c.precision = *contract;
     std::string implement = ImplementModeName(c.implement);
     ReadField(j, "implement", &implement);
     KS_ASSIGN_OR_RETURN(c.implement, ParseImplementMode(implement));

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "evaluator/evaluation.h"
+#include "evaluator/judge/judge.h"
 #include "search/prompts.h"
 
 namespace ks {
@@ -74,11 +75,11 @@ struct SearchConfig {
   // correct, ranked after every robust kernel.
   bool require_robust = false;
 
-  // The precision contract candidates are held to: "fp32" (the full-fp32
-  // reference) or "tf32" (PyTorch's default precision; evaluator_factory.h).
-  // Stored, so that a resumed search, evaluate-pending and the server judge
-  // the same way.
-  std::string precision = "highest";
+  // The precision contract candidates are held to (evaluator/judge/judge.h).
+  // Stored by its canonical name (ContractName; the aliases "fp32" and "tf32"
+  // of older stores are read back as highest and high), so that a resumed
+  // search, evaluate-pending and the server judge the same way.
+  Contract precision = Contract::kHighest;
 
   // The implement step: one reply per idea and branch (the default), or an
   // agent's conversation with compile/test tools on practice input sets

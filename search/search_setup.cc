@@ -216,7 +216,7 @@ Status SearchSetup::PrepareEvaluator() {
     return why;
   };
   EvaluatorOptions eo = options_.evaluator;
-  KS_ASSIGN_OR_RETURN(eo.precision, ParseContract(config_.precision));  // the search's contract, whoever evaluates it
+  eo.precision = config_.precision;  // the search's contract, whoever evaluates it
   // An agent practises on sets of its own inside the judging evaluator: one
   // GPU memory budget, one worker (GpuEvaluator::EvaluatePractice).
   if (config_.implement == ImplementMode::kAgent) eo.practice_sets = 1;

@@ -85,9 +85,13 @@ SuiteFigures ComputeSuiteFigures(const std::vector<SuiteProblemResult>& rows) {
   for (const auto& r : rows) {
     if (!r.correct) continue;
     f.correct++;
-    if (!r.precision.empty()) {
-      const std::string c = CanonicalContract(r.precision);
-      f.precision = f.precision.empty() || f.precision == c ? c : "mixed";
+    if (r.precision && !f.mixed_precision) {
+      if (f.precision && *f.precision != *r.precision) {
+        f.mixed_precision = true;
+        f.precision.reset();
+      } else {
+        f.precision = r.precision;
+      }
     }
     std::optional<double> faster;
     if (r.speedup_eager && r.speedup_compile) faster = std::min(*r.speedup_eager, *r.speedup_compile);
@@ -112,6 +116,27 @@ SuiteFigures ComputeSuiteFigures(const std::vector<SuiteProblemResult>& rows) {
   if (f.geomean_compile_n > 0) f.geomean_compile = std::exp(log_compile / f.geomean_compile_n);
   return f;
 }
+
+namespace {
+
+// The figures' contract as printed: its name, "mixed", or `none`.
+std::string FiguresContract(const SuiteFigures& f, const std::string& none) {
+  if (f.mixed_precision) return "mixed";
+  return f.precision ? ContractName(*f.precision) : none;
+}
+
+// An evaluation's recorded contract (evaluator/evaluation.h `precision`: a
+// name or an older version's alias; "" where it predates contracts). An
+// unknown name is no contract, and the row's note says so.
+std::optional<Contract> RecordedContract(const std::string& name, std::string* message) {
+  if (name.empty()) return std::nullopt;
+  auto contract = ParseContract(name);
+  if (contract.ok()) return *contract;
+  if (message->empty()) *message = "unknown precision contract '" + name + "' recorded with its evaluation";
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::string RenderSuiteHeader() {
   return fmt::format("{:>3}  {:<36} {:<18} {:>9} {:>9} {:>7}  {}\n", "#", "problem", "status", "vs eager",
@@ -145,7 +170,7 @@ std::string RenderSuiteFigures(const SuiteFigures& f) {
   s += fmt::format("{:<16} {:>8} {:>8} {:>8}   {}\n", "vs the faster", pct(f.fast_best[0]), pct(f.fast_best[1]),
                    pct(f.fast_best[2]), "(of eager and torch.compile, as KernelBench-v3 reports)");
   s += "(fast_p: share of all problems with a correct kernel more than p times faster; fast_0: correct)\n";
-  s += "precision contract: " + (f.precision.empty() ? std::string("not recorded") : f.precision) +
+  s += "precision contract: " + FiguresContract(f, "not recorded") +
        " (evaluator/judge/judge.h; a figure is comparable with published ones under kernelbench)\n";
   return s;
 }
@@ -162,7 +187,7 @@ nlohmann::json SuiteProblemResultToJson(const SuiteProblemResult& r) {
   if (!r.message.empty()) j["message"] = r.message;
   PutOpt(j, "speedup_eager", r.speedup_eager);
   PutOpt(j, "speedup_compile", r.speedup_compile);
-  if (!r.precision.empty()) j["precision"] = r.precision;
+  if (r.precision) j["precision"] = ContractName(*r.precision);
   PutOpt(j, "fraction_of_floor", r.fraction_of_floor);
   PutOpt(j, "median_ms", r.median_ms);
   if (r.search_id) j["search"] = *r.search_id;
@@ -179,7 +204,7 @@ nlohmann::json SuiteFiguresToJson(const SuiteFigures& f) {
     j[fmt::format("fast_{}_compile", pi)] = f.fast_compile[p];
     j[fmt::format("fast_{}_best", pi)] = f.fast_best[p];
   }
-  if (!f.precision.empty()) j["precision"] = f.precision;
+  if (f.precision || f.mixed_precision) j["precision"] = FiguresContract(f, "");
   PutOpt(j, "geomean_speedup_eager", f.geomean_eager);
   PutOpt(j, "geomean_speedup_compile", f.geomean_compile);
   j["geomean_eager_problems"] = f.geomean_eager_n;
@@ -209,7 +234,7 @@ SuiteProblemResult ResultFromEvaluation(const std::string& problem_file, const E
   }
   r.speedup_eager = e.speedup_eager;
   r.speedup_compile = e.speedup_compile;
-  r.precision = e.precision;
+  r.precision = RecordedContract(e.precision, &r.message);
   if (e.timing) r.median_ms = e.timing->median_ms;
   if (e.roofline && e.roofline->floor_ms > 0) r.fraction_of_floor = e.roofline->fraction_of_floor;
   return r;
@@ -245,7 +270,7 @@ StatusOr<SuiteProblemResult> ResultFromEntry(store::LineageStore* store, const s
     r.median_ms = best->evaluation->median_ms;
     auto e = EvaluationFromJson(nlohmann::json::parse(best->evaluation->evaluation_json, nullptr, false));
     if (e.ok() && e->roofline && e->roofline->floor_ms > 0) r.fraction_of_floor = e->roofline->fraction_of_floor;
-    if (e.ok()) r.precision = e->precision;
+    if (e.ok()) r.precision = RecordedContract(e->precision, &r.message);
   }
   return r;
 }

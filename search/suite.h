@@ -37,6 +37,7 @@
 
 #include "common/status.h"
 #include "evaluator/evaluation.h"
+#include "evaluator/judge/judge.h"
 #include "evaluator/signature.h"
 #include "search/evaluator_factory.h"
 #include "llm/llm_client.h"
@@ -62,8 +63,9 @@ struct SuiteProblemResult {
   bool correct = false;
   std::optional<double> speedup_eager;
   std::optional<double> speedup_compile;
-  // The precision contract its speedups are under (evaluator/judge/judge.h), "" when unknown.
-  std::string precision;
+  // The precision contract its speedups are under (evaluator/judge/judge.h);
+  // none when its evaluation does not say.
+  std::optional<Contract> precision;
   std::optional<double> fraction_of_floor;  // floor_ms / median_ms of the best kernel
   std::optional<double> median_ms;
   std::optional<int64_t> search_id;
@@ -85,9 +87,10 @@ struct SuiteFigures {
   int geomean_compile_n = 0;
   // Against the faster of eager and torch.compile, as KernelBench-v3 reports them.
   std::array<double, 3> fast_best{};
-  // The precision contract of every correct row ("mixed" when they differ;
-  // "" when none says): printed next to the figures.
-  std::string precision;
+  // The precision contract of every correct row that names one, printed next
+  // to the figures: none when no row says, or when they differ (mixed_precision).
+  std::optional<Contract> precision;
+  bool mixed_precision = false;
 };
 
 struct SuiteReport {

@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "evaluator/judge/judge.h"
+
 namespace ks::server {
 
 std::string IdToString(int64_t id) { return std::to_string(id); }
@@ -71,7 +73,8 @@ SearchConfig ToSearchConfig(const pb::SearchConfig& c, const SearchConfig& serve
   out.budget_minutes = c.budget_minutes();
   out.target_speedup = c.target_speedup();
   out.require_robust = c.require_robust();
-  out.precision = c.precision();
+  // ValidateSearchConfig (limits.h) admitted only contract names, in canonical form.
+  if (auto contract = ParseContract(c.precision()); !c.precision().empty() && contract.ok()) out.precision = *contract;
   // ValidateSearchConfig (limits.h) admitted only the two names.
   if (auto mode = ParseImplementMode(c.implement()); !c.implement().empty() && mode.ok()) out.implement = *mode;
   if (c.agent_turns() > 0) out.agent_turns = c.agent_turns();
@@ -93,7 +96,7 @@ pb::SearchConfig FromSearchConfig(const SearchConfig& c) {
   out.set_budget_minutes(c.budget_minutes);
   out.set_target_speedup(c.target_speedup);
   out.set_require_robust(c.require_robust);
-  out.set_precision(c.precision);
+  out.set_precision(ContractName(c.precision));
   out.set_implement(ImplementModeName(c.implement));
   out.set_agent_turns(c.agent_turns);
   out.set_agent_tool_calls(c.agent_tool_calls);

@@ -37,11 +37,11 @@ StatusOr<kernelsearch::v1::SearchConfig> ValidateSearchConfig(const kernelsearch
   if (c.budget_calls() == 0) c.set_budget_calls(b.default_budget_calls);
   if (c.budget_tokens() == 0) c.set_budget_tokens(b.default_budget_tokens);
   if (c.budget_minutes() == 0) c.set_budget_minutes(b.default_budget_minutes);
-  if (c.precision().empty()) c.set_precision("highest");
-  if (!ParseContract(c.precision()).ok())
+  auto contract = ParseContract(c.precision().empty() ? ContractName(Contract::kHighest) : c.precision());
+  if (!contract.ok())
     return InvalidArgument("config.precision = '" + c.precision().substr(0, 32) +
                            "': must be highest, high, medium or kernelbench (fp32, tf32: aliases)");
-  c.set_precision(CanonicalContract(c.precision()));
+  c.set_precision(ContractName(*contract));
   KS_RETURN_IF_ERROR(CheckInt("rounds", c.rounds(), b.max_rounds));
   KS_RETURN_IF_ERROR(CheckInt("ideas_per_round", c.ideas_per_round(), b.max_ideas_per_round));
   KS_RETURN_IF_ERROR(CheckInt("branches", c.branches(), b.max_branches));

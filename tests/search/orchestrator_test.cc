@@ -628,6 +628,28 @@ TEST(SearchConfigTest, JsonRoundTripAndValidation) {
       << bad.status().message();
 }
 
+// Issue 35: the contract is an enum, stored by its canonical name; the
+// aliases of older stores read back as their contract, and an unknown stored
+// name is an error that names it.
+TEST(SearchConfigTest, ThePrecisionContractIsStoredByNameAndReadBack) {
+  SearchConfig c;
+  EXPECT_EQ(c.precision, Contract::kHighest);
+  EXPECT_EQ(SearchConfigToJson(c).at("precision"), "highest");
+  for (Contract k : {Contract::kHighest, Contract::kHigh, Contract::kMedium, Contract::kKernelBench}) {
+    c.precision = k;
+    EXPECT_EQ(SearchConfigToJson(c).at("precision"), ContractName(k));
+    EXPECT_EQ(SearchConfigFromJson(SearchConfigToJson(c))->precision, k);
+  }
+  EXPECT_EQ(SearchConfigFromJson({{"precision", "fp32"}})->precision, Contract::kHighest);
+  EXPECT_EQ(SearchConfigFromJson({{"precision", "tf32"}})->precision, Contract::kHigh);
+  EXPECT_EQ(SearchConfigFromJson(nlohmann::json::object())->precision, Contract::kHighest);
+  auto bad = SearchConfigFromJson({{"precision", "fp16"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("highest, high, medium or kernelbench"), std::string::npos)
+      << bad.status().message();
+  EXPECT_NE(bad.status().message().find("'fp16'"), std::string::npos) << bad.status().message();
+}
+
 }  // namespace
 }  // namespace ks
 

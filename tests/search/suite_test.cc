@@ -69,21 +69,45 @@ TEST(SuiteFiguresTest, FastPCountsEveryProblemAndIsStrict) {
 // KernelBench-v3 reports), and the precision contract next to the figures.
 TEST(SuiteFiguresTest, FastPAgainstTheFasterBaselineAndTheContractAreReported) {
   std::vector<SuiteProblemResult> rows = {Row("a", true, 4.0, 3.0), Row("b", true, 2.5, 0.9), Row("c", true, 1.5, 1.2)};
-  for (auto& r : rows) r.precision = "kernelbench";
+  for (auto& r : rows) r.precision = Contract::kKernelBench;
   SuiteFigures f = ComputeSuiteFigures(rows);
   EXPECT_DOUBLE_EQ(f.fast_best[1], 2.0 / 3);  // a (3.0) and c (1.2); b is slower than torch.compile
   EXPECT_DOUBLE_EQ(f.fast_best[2], 1.0 / 3);
-  EXPECT_EQ(f.precision, "kernelbench");
+  EXPECT_EQ(f.precision, Contract::kKernelBench);
   auto j = SuiteFiguresToJson(f);
   EXPECT_EQ(j["precision"], "kernelbench");
   EXPECT_NEAR(j["fast_1_best"].get<double>(), 2.0 / 3, 1e-12);
   std::string table = RenderSuiteFigures(f);
   EXPECT_NE(table.find("vs the faster"), std::string::npos) << table;
   EXPECT_NE(table.find("precision contract: kernelbench"), std::string::npos) << table;
-  rows[0].precision = "tf32";  // an alias, stored by an older version
-  EXPECT_EQ(ComputeSuiteFigures(rows).precision, "mixed");
-  rows[1].precision = rows[2].precision = "high";
-  EXPECT_EQ(ComputeSuiteFigures(rows).precision, "high");
+  rows[0].precision = Contract::kHigh;
+  SuiteFigures mixed = ComputeSuiteFigures(rows);
+  EXPECT_TRUE(mixed.mixed_precision);
+  EXPECT_FALSE(mixed.precision.has_value());
+  EXPECT_EQ(SuiteFiguresToJson(mixed)["precision"], "mixed");
+  EXPECT_NE(RenderSuiteFigures(mixed).find("precision contract: mixed"), std::string::npos);
+  rows[1].precision = rows[2].precision = Contract::kHigh;
+  EXPECT_EQ(ComputeSuiteFigures(rows).precision, Contract::kHigh);
+  EXPECT_FALSE(ComputeSuiteFigures(rows).mixed_precision);
+}
+
+// The contract an evaluation recorded: its name or an older version's alias
+// is read as the contract (printed by its name); an unknown one is none, and
+// the row's note says so.
+TEST(SuiteFiguresTest, AnEvaluationsRecordedContractIsReadOnce) {
+  Evaluation e;
+  e.status = EvalStatus::kCorrect;
+  e.precision = "tf32";
+  SuiteProblemResult r = ResultFromEvaluation("gemm.py", e);
+  EXPECT_EQ(r.precision, Contract::kHigh);
+  EXPECT_EQ(SuiteProblemResultToJson(r)["precision"], "high");
+  e.precision = "";
+  EXPECT_FALSE(ResultFromEvaluation("gemm.py", e).precision.has_value());
+  EXPECT_FALSE(SuiteProblemResultToJson(ResultFromEvaluation("gemm.py", e)).contains("precision"));
+  e.precision = "fp16";
+  r = ResultFromEvaluation("gemm.py", e);
+  EXPECT_FALSE(r.precision.has_value());
+  EXPECT_NE(r.message.find("unknown precision contract 'fp16'"), std::string::npos) << r.message;
 }
 
 TEST(SuiteFiguresTest, EmptyAndAllFailedHaveNoGeomean) {

@@ -177,7 +177,7 @@ TEST(Convert, TheRobustnessAndPrecisionContractsTravelFromSubmit) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   SearchConfig full = ToSearchConfig(*c, SearchConfig{});
   EXPECT_TRUE(full.require_robust);
-  EXPECT_EQ(full.precision, "high");  // tf32 is an alias: stored under PyTorch's name (issue 36)
+  EXPECT_EQ(full.precision, Contract::kHigh);  // tf32 is an alias: stored under PyTorch's name (issue 36)
   EXPECT_EQ(ValidateSearchConfig(pb::SearchConfig(), ConfigBounds())->precision(), "highest");  // the default
   in.set_precision("kernelbench");
   EXPECT_EQ(ValidateSearchConfig(in, ConfigBounds())->precision(), "kernelbench");

@@ -180,9 +180,10 @@ TEST_F(LeaseStoreTest, EachSearchStoresAWorkersReportUnderItsOwnRobustPolicy) {
 }
 
 TEST_F(LeaseStoreTest, AnEvaluationIsSharedOnlyUnderOnePrecisionContract) {
-  SearchConfig tf32_config;
-  tf32_config.precision = "tf32";
-  int64_t tf32 = *store_->CreateSearch(problem_, SearchConfigToJson(tf32_config).dump());
+  // Stored under the alias, as an older version did: the store keeps the text.
+  nlohmann::json tf32_config = SearchConfigToJson(SearchConfig{});
+  tf32_config["precision"] = "tf32";
+  int64_t tf32 = *store_->CreateSearch(problem_, tf32_config.dump());
   int64_t a = AddCandidate("same"), b = AddCandidate("same", tf32);
   // Not twins: both leased at once, each with its search's contract for the worker.
   auto l = store_->LeaseCandidates("w1", 5, 10, 1000);
