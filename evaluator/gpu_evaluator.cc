@@ -167,7 +167,7 @@ Status GpuEvaluator::Setup() {
   // being silently skipped behind a __CUDA_ARCH_FEAT_SM90_ALL guard.
   arch_ = opts_.target.empty() ? ArchSpecificTarget(info_.Arch()) : opts_.target;
   KS_RETURN_IF_ERROR(LoadHelpers());
-  KS_RETURN_IF_ERROR(ChooseResidentCopy());
+  ChooseResidentCopy();
   const int sets = static_cast<int>(ref_.sets.size());
   if (sets == 0) return InvalidArgument("reference has no input sets");
   KS_RETURN_IF_ERROR(LayOutMemory());
@@ -185,25 +185,12 @@ Status GpuEvaluator::Setup() {
   return StartWorker();
 }
 
-Status GpuEvaluator::ChooseResidentCopy() {
-  own_copy_ = false;
-  if (!ref_.resident || ref_.sets.empty()) return Status::Ok();
-  if (!ref_.resident->pci_bus_id().empty() && !info_.pci_bus_id.empty()) {
-    // The bridge named its GPU: the one sure answer (an IPC mapping's device
-    // ordinal is the importing context's on some drivers).
-    own_copy_ = !SameBusId(ref_.resident->pci_bus_id(), info_.pci_bus_id);
-    return Status::Ok();
-  }
-  for (const auto& t : ref_.signature.inputs) {
-    if (t.is_scalar || t.bytes() == 0) continue;
-    KS_ASSIGN_OR_RETURN(CUdeviceptr p, ResidentTensorPtr(0, t.name, static_cast<uint64_t>(t.bytes())));
-    // Where the driver cannot say, the tensors stay mapped, as before.
-    int ordinal = -1;
-    if (d_->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == CUDA_SUCCESS && ordinal >= 0)
-      own_copy_ = ordinal != opts_.device;
-    break;
-  }
-  return Status::Ok();
+void GpuEvaluator::ChooseResidentCopy() {
+  // Bus ids, not device ordinals: an IPC mapping's ordinal is the importing
+  // context's on some drivers (two H100s, 4781f3b). Where either id is
+  // unknown the tensors stay mapped, as on one GPU.
+  const std::string theirs = ref_.resident ? ref_.resident->pci_bus_id() : "";
+  own_copy_ = !theirs.empty() && !info_.pci_bus_id.empty() && !SameBusId(theirs, info_.pci_bus_id);
 }
 
 // The trusted helper kernels (kHelperSource), and the hash key no candidate sees.

@@ -317,9 +317,9 @@ class GpuEvaluator : public CandidateEvaluator {
   Status LayOutMemory();           // the arena's layout (Arena::LayOut) and the outputs' places in it
   Status FillMemory();             // the arena allocated and filled (Arena::Allocate, Fill)
   Status PlaceReferenceOutputs();  // each output's reference per set, and its RMS
-  // A resident reference in another device's memory (one bridge serves every
-  // GPU of `--gpus`): own_copy_, so that no run reads across devices.
-  Status ChooseResidentCopy();
+  // A resident reference on another GPU than this one (one bridge serves every
+  // GPU of `--gpus`; the PCI bus ids tell): own_copy_, so that no run reads across GPUs.
+  void ChooseResidentCopy();
   Status LoadTensor(const std::string& path, CUdeviceptr dst, uint64_t bytes);
   // The bound array `key` (judge.h BoundKey) of set `set` on the host: `blocks` floats.
   StatusOr<std::vector<float>> ReadBound(int set, const std::string& key, int64_t blocks);
