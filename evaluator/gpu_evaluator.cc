@@ -157,7 +157,15 @@ Status GpuEvaluator::LoadBounds() {
   return Status::Ok();
 }
 
+void GpuEvaluator::SetupPhase(const std::string& name) {
+  const auto now = Clock::now();
+  setup_phases_.emplace_back(name, std::chrono::duration<double>(now - setup_mark_).count());
+  setup_mark_ = now;
+}
+
 Status GpuEvaluator::Setup() {
+  setup_phases_.clear();
+  setup_mark_ = Clock::now();
   KS_ASSIGN_OR_RETURN(contract_, ParseContract(opts_.precision));
   KS_ASSIGN_OR_RETURN(d_, CudaDriver::Get());
   KS_ASSIGN_OR_RETURN(ctx_, PrimaryContext::Open(opts_.device));
@@ -166,7 +174,15 @@ Status GpuEvaluator::Setup() {
   // setmaxnreg and the other Hopper-only instructions assemble instead of
   // being silently skipped behind a __CUDA_ARCH_FEAT_SM90_ALL guard.
   arch_ = opts_.target.empty() ? ArchSpecificTarget(info_.Arch()) : opts_.target;
-  KS_RETURN_IF_ERROR(LoadHelpers());
+  SetupPhase("context");
+  // The worker's process now: its driver start (its own context) runs while
+  // the steps below do; it is told the arena and the helpers at the end.
+  KS_RETURN_IF_ERROR(worker_.Spawn(opts_.device));
+  SetupPhase("worker spawn");
+  KS_ASSIGN_OR_RETURN(HelperCubinOrigin helpers_from, LoadHelpers());
+  SetupPhase(helpers_from == HelperCubinOrigin::kCompiled
+                 ? "helper kernels (compile)"
+                 : std::string("helper kernels (from ") + HelperCubinOriginName(helpers_from) + ")");
   ChooseResidentCopy();
   const int sets = static_cast<int>(ref_.sets.size());
   if (sets == 0) return InvalidArgument("reference has no input sets");
@@ -178,11 +194,23 @@ Status GpuEvaluator::Setup() {
   CUipcMemHandle h;
   KS_RETURN_IF_ERROR(d_->Check(d_->cuIpcGetMemHandle(&h, arena_.base()), "cuIpcGetMemHandle"));
   ipc_handle_.assign(reinterpret_cast<const char*>(&h), sizeof h);
-  if (correctness_only_) return StartWorker();  // never timed: no bandwidth, no peaks
-  KS_RETURN_IF_ERROR(MeasureBandwidth());
-  if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) (void)Peaks();
-  KS_RETURN_IF_ERROR(SetupOtherShapes());
-  return StartWorker();
+  SetupPhase("arena (layout, fill, stage, outputs, bounds)");
+  if (!correctness_only_) {  // never timed: no bandwidth, no peaks
+    // The probe and the peaks measure a GPU that no context creation disturbs.
+    KS_RETURN_IF_ERROR(worker_.AwaitSpawned());
+    SetupPhase("worker context (wait)");
+    KS_RETURN_IF_ERROR(MeasureBandwidth());
+    SetupPhase("bandwidth probe");
+    if (opts_.peak_tflops <= 0 && opts_.measure_peaks && ref_.signature.flops.value_or(0) > 0) {
+      (void)Peaks();
+      SetupPhase("peaks");
+    }
+    KS_RETURN_IF_ERROR(SetupOtherShapes());
+    if (!ref_.shape_variants.empty()) SetupPhase("other shapes");
+  }
+  KS_RETURN_IF_ERROR(StartWorker());
+  SetupPhase("worker start");
+  return Status::Ok();
 }
 
 void GpuEvaluator::ChooseResidentCopy() {
@@ -193,28 +221,41 @@ void GpuEvaluator::ChooseResidentCopy() {
   own_copy_ = !theirs.empty() && !info_.pci_bus_id.empty() && !SameBusId(theirs, info_.pci_bus_id);
 }
 
-// The trusted helper kernels (kHelperSource), and the hash key no candidate sees.
-Status GpuEvaluator::LoadHelpers() {
-  {
-    CompileOptions co;
-    co.arch = arch_;
-    co.worker_path = opts_.worker_path;
+// The trusted helper kernels (kHelperSource), and the hash key no candidate
+// sees. The cubin is cached (helper_cache.h) under a key of the source, the
+// target and the compiler: only this trusted source, never a candidate's.
+StatusOr<HelperCubinOrigin> GpuEvaluator::LoadHelpers() {
+  CompileOptions co;
+  co.arch = arch_;
+  co.worker_path = opts_.worker_path;
+  KS_ASSIGN_OR_RETURN(std::string worker, FindWorker(co.worker_path));
+  KS_ASSIGN_OR_RETURN(std::string cuda_home, FindCudaHome(co.cuda_home));
+  const std::string key = HelperCacheKey(kHelperSource, arch_, HelperCompilerId(worker, cuda_home));
+  auto compile = [&]() -> StatusOr<std::string> {
     KS_ASSIGN_OR_RETURN(CompileResult helpers, CompileCandidate(kHelperSource, co));
     if (!helpers.ok) return Internal("evaluator helper kernels do not compile: " + helpers.message + "\n" + helpers.log);
-    KS_ASSIGN_OR_RETURN(helpers_, Module::Load(helpers.cubin));
-    helpers_cubin_ = helpers.cubin;
-    for (int i = 0; i < 9; ++i) {
-      KS_ASSIGN_OR_RETURN(cmp_fn_[i], helpers_.Function(kCmpNames[i]));
-      cmp_grid_[i] = HelperGrid(cmp_fn_[i]);
-    }
-    KS_ASSIGN_OR_RETURN(diff_words_, helpers_.Function("diff_words"));
-    KS_ASSIGN_OR_RETURN(count_not_fill_, helpers_.Function("count_not_fill"));
-    for (int i = 0; i < 4; ++i) {
-      KS_ASSIGN_OR_RETURN(hash_fn_[i], helpers_.Function(kHashNames[i]));
-      hash_grid_[i] = HelperGrid(hash_fn_[i]);
-    }
-    std::random_device rd;
-    for (uint64_t& k : hash_key_) k = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return std::move(helpers.cubin);
+  };
+  KS_ASSIGN_OR_RETURN(HelperCubin helpers,
+                      GetHelperCubin(key, opts_.helper_cache_dir, compile,
+                                     [this](const std::string& cubin) { return BindHelpers(cubin); }));
+  helpers_cubin_ = std::move(helpers.cubin);
+  std::random_device rd;
+  for (uint64_t& k : hash_key_) k = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return helpers.origin;
+}
+
+Status GpuEvaluator::BindHelpers(const std::string& cubin) {
+  KS_ASSIGN_OR_RETURN(helpers_, Module::Load(cubin));
+  for (int i = 0; i < 9; ++i) {
+    KS_ASSIGN_OR_RETURN(cmp_fn_[i], helpers_.Function(kCmpNames[i]));
+    cmp_grid_[i] = HelperGrid(cmp_fn_[i]);
+  }
+  KS_ASSIGN_OR_RETURN(diff_words_, helpers_.Function("diff_words"));
+  KS_ASSIGN_OR_RETURN(count_not_fill_, helpers_.Function("count_not_fill"));
+  for (int i = 0; i < 4; ++i) {
+    KS_ASSIGN_OR_RETURN(hash_fn_[i], helpers_.Function(kHashNames[i]));
+    hash_grid_[i] = HelperGrid(hash_fn_[i]);
   }
   return Status::Ok();
 }

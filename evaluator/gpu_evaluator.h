@@ -98,11 +98,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "evaluator/arena.h"
 #include "evaluator/compile/compiler.h"
+#include "evaluator/compile/helper_cache.h"
 #include "evaluator/profile/counters.h"
 #include "evaluator/cuda_driver.h"
 #include "evaluator/evaluator_api.h"
@@ -164,6 +166,9 @@ struct GpuEvaluatorOptions {
                                     // matmul peak of its compute class (MeasureDevicePeaks)
   std::string python;               // the interpreter for that measurement; "" = ResolvePython's order
   std::string target;               // NVRTC target; "" = the device's arch-specific one (sm_90a on 9.0)
+  // Where the helper kernels' cubin is kept between commands
+  // (evaluator/compile/helper_cache.h); "" = compiled once per process.
+  std::string helper_cache_dir;
   // The precision contract (Evaluation::precision; evaluator/judge/judge.h):
   // "highest", "high", "medium" or "kernelbench" ("fp32" and "tf32" are
   // aliases of highest and high).
@@ -210,6 +215,11 @@ class GpuEvaluator : public CandidateEvaluator {
   // on another GPU than the bridge's) rather than mapping the bridge's tensors.
   bool copies_resident() const { return own_copy_; }
   int sets() const { return static_cast<int>(ref_.sets.size()); }
+  // Setup's steps as they ran, in order, with their wall seconds ("context",
+  // "helper kernels (compile)" or "(from memory|disk)", "arena (...)",
+  // "bandwidth probe", "peaks", "other shapes", "worker start", ...; the
+  // measuring steps only where they ran).
+  const std::vector<std::pair<std::string, double>>& setup_phases() const { return setup_phases_; }
 
   // An agent's practice (search/agent.h), in the judging evaluator's own
   // memory: its arena, worker and parameters, on the reference's practice
@@ -313,7 +323,12 @@ class GpuEvaluator : public CandidateEvaluator {
   GpuEvaluator(const ReferenceData& ref, const GpuEvaluatorOptions& opts);
   Status Setup();
   // Setup's steps, in order.
-  Status LoadHelpers();            // the helper kernels and the hash key
+  // The helper kernels (compiled, or from the cache: helper_cache.h) and the
+  // hash key; the cubin's origin for the phase's name.
+  StatusOr<HelperCubinOrigin> LoadHelpers();
+  // The helper functions bound from `cubin` (helpers_ and the function handles).
+  Status BindHelpers(const std::string& cubin);
+  void SetupPhase(const std::string& name);  // setup_phases_: the time since the last one
   Status LayOutMemory();           // the arena's layout (Arena::LayOut) and the outputs' places in it
   Status FillMemory();             // the arena allocated and filled (Arena::Allocate, Fill)
   Status PlaceReferenceOutputs();  // each output's reference per set, and its RMS
@@ -405,6 +420,8 @@ class GpuEvaluator : public CandidateEvaluator {
   std::string arch_;
   Module helpers_;  // comparison kernels and the timing pad, compiled at start
   std::string helpers_cubin_;  // sent to the worker, which launches the pad
+  std::vector<std::pair<std::string, double>> setup_phases_;
+  std::chrono::steady_clock::time_point setup_mark_;  // where the phase in progress began
   CUfunction cmp_fn_[9] = {};
   CUfunction diff_words_ = nullptr, count_not_fill_ = nullptr;
   CUfunction hash_fn_[4] = {};  // hash_b8 .. hash_b64

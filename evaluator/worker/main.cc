@@ -1,7 +1,8 @@
 // ks-worker: the process that touches untrusted candidate code.
 //   ks-worker compile          NVRTC on the source given as JSON on stdin; JSON result on stdout.
 //   ks-worker compile-server   the same for a stream of framed requests (worker_protocol.h).
-//   ks-worker serve     the GPU worker: loads and runs candidates on request (worker_serve.cc).
+//   ks-worker serve [--device N]   the GPU worker: loads and runs candidates on request
+//                      (worker_serve.cc); with N, it opens that GPU's context before the first request.
 // It is started only by the evaluator, inside a sandbox (evaluator/worker/sandbox.h).
 #include <cstdio>
 #include <iostream>

@@ -4,6 +4,13 @@
 // its stderr in a log file of its own. A crash or hang ends only the worker:
 // Stop kills it, counts a restart, and the owner starts another with Start.
 //
+// Starting is two steps so that the worker's driver initialisation (cuInit,
+// the device's primary context: most of its start) overlaps the owner's own
+// setup (issue 33): Spawn starts the process, which opens its context at once
+// and says so (an EmptyReply, or an ErrorReply and exit); Start later sends
+// the InitRequest, once the arena's IPC handle and the helper cubin exist.
+// Start without a Spawn (a restart after a crash) does both.
+//
 // Owned by one GpuEvaluator for its whole life (the log file with it); not
 // thread-safe: the evaluator's one-caller-at-a-time rule covers it.
 #pragma once
@@ -38,7 +45,16 @@ class WorkerClient {
   WorkerClient(const WorkerClient&) = delete;
   WorkerClient& operator=(const WorkerClient&) = delete;
 
-  // A worker started (its log file made on the first start) and initialized with `init`.
+  // This client's worker process started for GPU `device`, not yet
+  // initialized (its log file made on the first start). It opens the
+  // device's context while the caller goes on. A no-op while one is running.
+  Status Spawn(int device);
+  // Waits until a spawned worker has opened its context (the GPU is then
+  // this process's alone again, for measurements); FailedPrecondition, with
+  // the worker's log, where it could not, and the worker killed.
+  Status AwaitSpawned();
+  // This client's worker initialized with `init`: the spawned one, or one
+  // started now (no worker running: the first start, or after Stop).
   Status Start(const wire::InitRequest& init);
   // Starts a sandboxed worker (`prefix` before it on the command line: ncu)
   // with its stderr in log_path, and initializes it: a process apart from
@@ -92,12 +108,25 @@ class WorkerClient {
   };
 
  private:
+  // A sandboxed `ks-worker serve --device N` process, not yet initialized.
+  StatusOr<ChildProcess> SpawnProcess(const std::vector<std::string>& prefix, const std::string& log_path, int device);
+  // Reads the spawned process's word on its context (see above).
+  Status ReadSpawned(ChildProcess& w, const std::string& log_path);
+  // Sends `init` to a spawned process whose word was read; its reply.
+  StatusOr<wire::InitReply> Initialize(ChildProcess& w, const std::string& log_path, const wire::InitRequest& init);
+  // Kills `w`; the "did not start" error with its log (this client's log only).
+  Status FailStart(ChildProcess& w, const std::string& log_path, const std::string& why);
+  Status MakeLog();
+
   const std::string worker_path_;
   const bool drop_privileges_;
   const size_t log_cap_;
   ChildProcess worker_;
   std::string log_path_;
   bool ready_ = false;
+  bool spawned_ = false;        // worker_ runs, its word on its context not yet read (Spawn)
+  bool awaiting_init_ = false;  // worker_ was spawned and has had no InitRequest yet
+  int spawned_device_ = -1;
   int restarts_ = 0;
   uint64_t heap_bytes_ = 0;  // the device malloc heap the worker's context was left with
 };

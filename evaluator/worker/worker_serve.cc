@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +83,17 @@ class Worker {
     return Fail("internal", "unknown request '" + cmd + "'");
   }
 
+  // The device's primary context, opened before the InitRequest comes (serve
+  // --device N): the driver's start, most of the worker's, overlaps the
+  // evaluator's own setup. Its answer is the worker's first message.
+  json OpenEarly(int device) {
+    auto ctx = PrimaryContext::Open(device);
+    if (!ctx.ok()) return Fail("internal", ctx.status().message(), true);
+    ctx_ = std::move(*ctx);
+    ctx_device_ = device;
+    return wire::ToJson(wire::EmptyReply{});
+  }
+
   bool fatal() const { return fatal_; }
 
  private:
@@ -98,9 +111,12 @@ class Worker {
   }
 
   json Init(const wire::InitRequest& req) {
-    auto ctx = PrimaryContext::Open(req.device);
-    if (!ctx.ok()) return Fail("internal", ctx.status().message());
-    ctx_ = std::move(*ctx);
+    if (ctx_device_ != req.device) {
+      auto ctx = PrimaryContext::Open(req.device);
+      if (!ctx.ok()) return Fail("internal", ctx.status().message());
+      ctx_ = std::move(*ctx);
+      ctx_device_ = req.device;
+    }
     // Device printf is captured in the worker's log; a capped FIFO bounds a flood.
     d_->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, req.printf_fifo_bytes);
     // The device heap outlives a run, so a kernel could keep results in it.
@@ -584,6 +600,7 @@ class Worker {
 
   const CudaDriver* d_;
   PrimaryContext ctx_;
+  int ctx_device_ = -1;  // the ordinal ctx_ is of; -1 before it is open
   CUdeviceptr arena_ = 0;
   std::vector<wire::OutputRegion> outputs_;
   DeviceBuffer flush_;
@@ -626,6 +643,15 @@ int WorkerServe(int argc, char** argv) {
     return 3;
   }
   Worker w(*d);
+  // `serve --device N`: the context now, and a word on it (OpenEarly).
+  if (argc >= 3 && std::string(argv[1]) == "--device") {
+    char* end = nullptr;
+    const long device = std::strtol(argv[2], &end, 10);
+    json opened = end && *end == '\0' && device >= 0 && device <= INT32_MAX
+                      ? w.OpenEarly(static_cast<int>(device))
+                      : wire::ToJson(wire::ErrorReply{"internal", std::string("bad --device ") + argv[2], true});
+    if (!SendMessage(proto_fd, opened).ok() || wire::ErrorOf(opened)) return 3;
+  }
   for (;;) {
     auto req = ReceiveMessage(0, -1);
     if (!req.ok()) return 0;  // the evaluator went away

@@ -4,8 +4,10 @@
 // on request, timing each run with device events. It never sees reference
 // outputs: they live only in the trusted process's own allocations.
 //
-// Requests (typed structs with one encoding, evaluator/worker/worker_protocol.h):
-// init, load (the module, the resolved plan, its scratch and TMA tensor maps,
+// Started as `serve --device N`, it first opens GPU N's primary context and
+// sends one message (an EmptyReply, or a fatal ErrorReply and exit), then
+// reads requests (typed structs with one encoding,
+// evaluator/worker/worker_protocol.h): init, load (the module, the resolved plan, its scratch and TMA tensor maps,
 // which are encoded here since a map holds an address of this process), run,
 // warm, unload, quit. A sticky CUDA error (illegal address, ...) is reported and then the
 // worker exits: its context is unusable, and the evaluator starts a new one.
