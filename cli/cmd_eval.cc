@@ -3,6 +3,7 @@
 // ready kernels scored against a level (the suite table and fast_p figures).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -17,6 +18,7 @@
 #include "evaluator/compile/candidate_parser.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
+#include "evaluator/reference/kept_reference.h"
 #include "search/evaluator_factory.h"
 #include "search/suite.h"
 
@@ -38,6 +40,7 @@ struct EvalArgs {
   CacheFlags cache;
   bool verbose = false;
   bool profile = false;      // --profile: hardware counters of each correct candidate (ncu)
+  std::string keep_reference;  // --keep-reference DURATION ("" = $KS_KEEP_REFERENCE, else not kept)
 };
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
@@ -70,6 +73,16 @@ StatusOr<EvaluatorOptions> EvalEvaluatorOptions(const EvalArgs& a, const std::st
   eo.run_timeout_s = a.run_timeout_s;
   eo.timing = a.timing == "full" ? TimingMode::kFull : TimingMode::kAdaptive;
   eo.describe_device = false;  // no prompts: no matmul peaks measured for them
+  std::string keep = a.keep_reference;
+  if (keep.empty())
+    if (const char* env = std::getenv("KS_KEEP_REFERENCE")) keep = env;
+  if (!keep.empty()) {
+    auto s = ParseKeepDuration(keep);
+    if (!s.ok())
+      return InvalidArgument((a.keep_reference.empty() ? "$KS_KEEP_REFERENCE: " : "--keep-reference: ") +
+                             s.status().message());
+    eo.keep_reference_s = *s;
+  }
   return eo;
 }
 
@@ -87,11 +100,19 @@ StatusOr<SearchEvaluator> MakeGpuEvaluators(const EvalArgs& a, const std::string
   KS_ASSIGN_OR_RETURN(SearchEvaluator made, MakeSearchEvaluator(problem, eo));
   const ReferenceReport& ref = made.reference;
   for (const auto& w : ref.warnings) std::fprintf(stderr, "warning: %s: %s\n", problem.c_str(), w.c_str());
+  if (ref.kept)
+    std::fprintf(stderr, "%s\n", DescribeKept(*ref.kept).c_str());
+  else if (eo.keep_reference_s > 0)
+    std::fprintf(stderr,
+                 "note: --keep-reference keeps only references held on the GPU (problems of 1 GiB or more, "
+                 "$KS_RESIDENT_MIN_BYTES); %s's reference comes from the file cache\n",
+                 problem.c_str());
   if (a.verbose) {
     // What the first evaluation of a problem spends its time on, for finding what dominates.
     std::fprintf(stderr, "phases (wall seconds)%s:\n", ref.from_cache ? ", reference from the cache" : "");
     for (const auto& [name, s] : ref.phases) std::fprintf(stderr, "  %-52s %8.3f\n", name.c_str(), s);
     std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)", ref.setup_s);
+    for (const auto& [name, s] : ref.setup_phases) std::fprintf(stderr, "    %-50s %8.3f\n", name.c_str(), s);
     for (const auto& e : ref.evicted) std::fprintf(stderr, "evicted from the cache: %s\n", e.c_str());
     for (const auto& n : ref.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
     for (const auto& o : ref.signature.outputs)
@@ -340,6 +361,17 @@ void RegisterEvalCommand(CLI::App& app) {
                 "Also read each correct candidate's hardware counters with Nsight Compute (ncu): one more "
                 "verified run under the profiler; DRAM/L2 bandwidth, SM and tensor-pipe use, occupancy, warp stalls, "
                 "hit rates, bank conflicts per launch");
+  sub->add_option("--keep-reference", a->keep_reference,
+                  "Keep a GPU-resident reference (problems of 1 GiB or more) on the GPU this long after the "
+                  "command, e.g. 10m, so that the next eval of the same problem leases it instead of computing "
+                  "it again (default: $KS_KEEP_REFERENCE, else not kept; `kernelsearch cache kept` lists, "
+                  "`kernelsearch cache release` frees)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            auto s = ParseKeepDuration(v);
+            return s.ok() ? std::string() : s.status().message();
+          },
+          "DURATION"));
   sub->add_flag("--json", a->json, "Print JSON (one line per candidate for a directory)");
   sub->add_flag("--verbose,-v", a->verbose,
                 "Print on stderr where the time went: the reference's phases (signature, model build, input "

@@ -69,6 +69,9 @@ class ChildProcess {
   bool running() const { return pid_ > 0; }
   // Closes our end of the child's stdin (the child reads EOF).
   void CloseStdin() { in_.reset(); }
+  // Our end of the child's stdin, handed over: whoever holds it decides when
+  // the child reads EOF (a kept bridge's first lease).
+  UniqueFd TakeStdin() { return std::move(in_); }
 
   // SIGKILL and reap. Returns the wait status description.
   std::string Kill();

@@ -102,6 +102,12 @@ struct ReferenceOptions {
   // The default is $KS_RESIDENT_MIN_BYTES, else 1 GiB; 0 = always resident
   // on a GPU; UINT64_MAX = never.
   std::optional<uint64_t> resident_min_bytes;
+  // Seconds a resident reference stays on the GPU after this command, for the
+  // next command of the same problem and options to lease instead of
+  // computing it again (`--keep-reference`, evaluator/reference/kept_reference.h);
+  // 0 = it ends with this command. A kept reference is leased here when one is
+  // alive (refresh asks it to stop and computes a new one).
+  double keep_s = 0;
   // Other shapes (issue 27): >= 0 prepares the reference of the problem's
   // get_inputs_variants()[shape_variant] instead of get_inputs() (no
   // distribution-shifted sets). -1, the default, prepares get_inputs()'s and
@@ -129,15 +135,33 @@ struct ResidentTensor {
   uint64_t bytes = 0;
 };
 
+// A kept resident reference (ReferenceOptions::keep_s, `--keep-reference`):
+// the bridge outlives the command and later commands lease it
+// (evaluator/reference/kept_reference.h).
+struct KeptInfo {
+  pid_t pid = 0;          // the bridge's
+  std::string socket;     // where it is served; "" when it is not kept (see declined)
+  std::string declined;   // why it does not stay: another bridge serves this reference
+  double keep_s = 0;      // it exits this long after its last lease ends
+  uint64_t gpu_bytes = 0; // GPU memory it holds (torch's reserved bytes)
+  bool leased = false;    // this command leased it from a bridge an earlier one started
+};
+
 // The bridge process holding a resident reference (bridge.py reference
 // --resident). It holds the tensors until this object dies (closing its stdin
-// ends it; it is killed if it does not). Shared by every copy of the
-// ReferenceData that names it; whoever maps its tensors must unmap them first.
+// ends it; it is killed if it does not). A kept bridge (KeptInfo) is not ours
+// to end: this object holds a lease (its stdin, or a connection to its
+// socket), and ending the lease leaves the bridge waiting for the next
+// command. Shared by every copy of the ReferenceData that names it; whoever
+// maps its tensors must unmap them first.
 class ResidentReference {
  public:
   ResidentReference(ChildProcess bridge, std::vector<std::map<std::string, ResidentTensor>> sets,
                     std::string pci_bus_id = "")
       : bridge_(std::move(bridge)), sets_(std::move(sets)), pci_bus_id_(std::move(pci_bus_id)) {}
+  ResidentReference(UniqueFd lease, KeptInfo kept, std::vector<std::map<std::string, ResidentTensor>> sets,
+                    std::string pci_bus_id)
+      : lease_(std::move(lease)), kept_(std::move(kept)), sets_(std::move(sets)), pci_bus_id_(std::move(pci_bus_id)) {}
   ~ResidentReference();
   ResidentReference(const ResidentReference&) = delete;
   ResidentReference& operator=(const ResidentReference&) = delete;
@@ -146,13 +170,17 @@ class ResidentReference {
   StatusOr<ResidentTensor> At(int set, const std::string& name) const;
   // Whether the bridge still runs (it must, while its tensors are mapped).
   bool Alive();
-  pid_t pid() const { return bridge_.pid(); }
+  pid_t pid() const { return lease_.valid() ? kept_->pid : bridge_.pid(); }
   // The PCI bus id of the GPU holding the tensors ("" when the bridge did not
   // say). Device ordinals differ between processes; bus ids do not.
   const std::string& pci_bus_id() const { return pci_bus_id_; }
+  // Set for a bridge started with keep_s (pid, socket or why it declined).
+  const std::optional<KeptInfo>& kept() const { return kept_; }
 
  private:
   ChildProcess bridge_;
+  UniqueFd lease_;  // a kept bridge: our lease on it
+  std::optional<KeptInfo> kept_;
   std::vector<std::map<std::string, ResidentTensor>> sets_;
   std::string pci_bus_id_;
 };

@@ -72,6 +72,7 @@ ReferenceOptions ReferenceOptionsFor(const EvaluatorOptions& options) {
   ro.precision = ContractName(options.precision);  // the baselines timed under the contract judged under
   ro.cache_dir = options.cache_dir;
   ro.cache_cap = options.cache_cap;
+  ro.keep_s = options.keep_reference_s;
   if (options.practice_sets > 0) {
     ro.practice_sets = options.practice_sets;
     ro.practice_seed = kPracticeReferenceSeed;
@@ -89,6 +90,8 @@ GpuEvaluatorOptions GpuEvaluatorOptionsFor(const EvaluatorOptions& options, int 
   go.drop_privileges = options.drop_privileges;
   go.run_timeout_s = options.run_timeout_s;
   go.timing = options.timing;
+  // The helper kernels' cubin beside the reference cache: compiled once per machine, not per command.
+  go.helper_cache_dir = (options.cache_dir.empty() ? DefaultReferenceCacheDir() : options.cache_dir) + "/helpers";
   return go;
 }
 
@@ -149,7 +152,9 @@ StatusOr<SearchEvaluator> MakeGpuEvaluators(const std::string& problem_file, con
                     .warnings = ref.warnings,
                     .notes = ref.notes,
                     .evicted = ref.evicted,
-                    .signature = ref.signature};
+                    .signature = ref.signature,
+                    .kept = ref.resident ? ref.resident->kept() : std::nullopt,
+                    .setup_phases = {}};
   const auto setup_start = std::chrono::steady_clock::now();
   made.gpu_evaluators.resize(devices.size());
   // The prompts describe the first GPU (the GPUs of one host are alike), and
@@ -177,6 +182,8 @@ StatusOr<SearchEvaluator> MakeGpuEvaluators(const std::string& problem_file, con
     KS_ASSIGN_OR_RETURN(made.evaluator, EvaluatorPool::Create(devices, make));
   }
   made.reference.setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+  if (!made.gpu_evaluators.empty() && made.gpu_evaluators[0])
+    made.reference.setup_phases = made.gpu_evaluators[0]->setup_phases();
   return made;
 }
 

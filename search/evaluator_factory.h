@@ -63,6 +63,9 @@ struct EvaluatorOptions {
   // Whether to fill SearchEvaluator::gpu from the GPU evaluator (measuring the
   // matmul peaks once per GPU): prompts need it; `eval` does not.
   bool describe_device = true;
+  // ReferenceOptions::keep_s (`--keep-reference`): seconds a resident
+  // reference stays on the GPU for the next command; 0 = not kept.
+  double keep_reference_s = 0;
 };
 
 // The reference and GPU evaluator options `options` stand for on `gpus` GPUs
@@ -79,6 +82,11 @@ struct ReferenceReport {
   std::vector<std::string> warnings, notes, evicted;
   Signature signature;
   double setup_s = 0;  // making the GPU evaluators once the reference was ready
+  // With EvaluatorOptions::keep_reference_s and a resident reference: kept
+  // for the next command, leased from an earlier one, or why not kept.
+  std::optional<KeptInfo> kept;
+  // The setup phases of the first GPU evaluator (GpuEvaluator::setup_phases).
+  std::vector<std::pair<std::string, double>> setup_phases;
 };
 
 // Practice sets are drawn from seeds 1043, 1044, ... (set i uses seed + 1 + i)

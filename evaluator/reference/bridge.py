@@ -27,6 +27,10 @@ problem prints goes to stderr so it cannot corrupt that object):
       tensors until its stdin is closed, then exits. With
       --resident-min-bytes N, a problem whose sets hold fewer bytes is not
       kept: the answer is {"resident": false, "signature": ...}.
+      With --keep S --keep-socket PATH the bridge stays after its caller
+      closes stdin: later commands lease the same reference at PATH, and it
+      exits S seconds after the last lease ends (ks_bridge/keeper.py). The
+      manifest's "kept" says where it is served, or why not; "pid" is ours.
   reference PROBLEM.py [--resident ...] --then-files --sets K --seed S [--device D]
       one process for a reference that goes to files: after shape inference
       the bridge prints {"resident": false, "signature": ...} (unless it
@@ -84,7 +88,7 @@ from ks_bridge.errors import (BridgeError, EXIT_BAD_PROBLEM, EXIT_INTERNAL, _ANS
 from ks_bridge.flops import FLOP_KEYS, count_flops
 from ks_bridge.problem_file import Problem, resolve_device
 from ks_bridge.reference_sets import run_reference, write_manifest
-from ks_bridge.resident import _Resident, _spec_bytes, fit_resident
+from ks_bridge.resident import _Resident, _fingerprint, _spec_bytes, fit_resident
 from ks_bridge.rounding import TIMING_LEVELS
 from ks_bridge.signature import _signature_on_meta, input_specs, make_signature, output_specs, parameter_specs
 
@@ -217,6 +221,9 @@ def cmd_reference(problem, args):
                                  flops=known_flops)
         manifest["resident"] = True
         manifest["pci_bus_id"] = _RESIDENT.pci_bus_id()
+        if args.keep > 0:
+            manifest["pid"] = os.getpid()
+            manifest["kept"] = _start_keeping(problem, args)
         if warning:
             manifest["warnings"].insert(0, warning)
         return manifest
@@ -227,6 +234,37 @@ def cmd_reference(problem, args):
                              practice=_practice(args))
     write_manifest(args.out, manifest)
     return manifest
+
+
+_KEEPER = [None]  # reference --resident --keep: the kept reference's serving loop (ks_bridge/keeper.py)
+
+
+def _start_keeping(problem, args):
+    """--keep S --keep-socket PATH: after this command the reference stays on
+    the GPU for later commands (ks_bridge/keeper.py). Returns the manifest's
+    "kept" entry: where it is served, or why it is not (another bridge
+    serves this key)."""
+    import torch
+    from ks_bridge.keeper import Keeper, claim
+    if not args.keep_socket:
+        raise BridgeError("bad_arguments", "--keep needs --keep-socket PATH")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the float64 truth's and the checks' temporaries: not kept
+    listener, why = claim(args.keep_socket)
+    if listener is None:
+        return {"declined": why}
+    tensors = _RESIDENT.tensors
+
+    def fingerprint():
+        prints = [_fingerprint(t) for t in tensors]
+        torch.cuda.empty_cache()
+        return prints
+
+    keeper = Keeper(listener, args.keep_socket, args.keep, fingerprint, lease_fd=0,
+                    gpu_bytes=lambda: int(torch.cuda.memory_reserved()))
+    _KEEPER[0] = keeper
+    return {"socket": args.keep_socket, "keep_s": args.keep, "pid": os.getpid(), "gpu_bytes": keeper.gpu_bytes(),
+            "problem": problem.path}
 
 
 def hold_resident():
@@ -286,6 +324,9 @@ def _parser():
             s.add_argument("--resident-min-bytes", type=int, default=None)
             s.add_argument("--device-budget", type=int, default=0)
             s.add_argument("--signature-from", default=None)
+            # --resident: stay this many seconds after the last lease ends, served at --keep-socket (keeper.py).
+            s.add_argument("--keep", type=float, default=0)
+            s.add_argument("--keep-socket", default=None)
             # Room for this many distribution-shifted sets (transforms.py); 0: none.
             s.add_argument("--transform-sets", type=int, default=4)
             s.add_argument("--practice-sets", type=int, default=0)
@@ -349,8 +390,13 @@ def main(argv):
             return 0
         if isinstance(result, dict) and isinstance(result.get("phases"), list):
             result["phases"] = [[k, round(v, 3)] for k, v in _SETUP_PHASES] + result["phases"]
+        if _KEEPER[0] is not None:
+            _KEEPER[0].answer_with(dict(result, problem=args.problem))
         code = emit(result, 0)
-        hold_resident()
+        if _KEEPER[0] is not None:
+            _KEEPER[0].serve()
+        else:
+            hold_resident()
         return code
     except BridgeError as e:
         return emit({"error": {"kind": e.kind, "message": e.message, "detail": e.detail}}, EXIT_BAD_PROBLEM)

@@ -61,6 +61,20 @@ Status BridgeFailed(const std::string& file, const std::string& why, const std::
 // temporary directory nobody will rename, or hold GPU memory: it dies with its parent.
 int DieWithParent() { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 ? 0 : 126; }
 
+// A kept bridge outlives its caller (ks_bridge/keeper.py ends it): it runs as
+// the caller's grandchild in a session of its own, so that no signal to the
+// caller's process group reaches it and nobody need reap it. Async-signal-safe.
+int DetachFromParent() {
+  pid_t p = fork();
+  if (p < 0) return 126;
+  if (p > 0) _exit(0);
+  return setsid() < 0 ? 126 : 0;
+}
+
+}  // namespace
+
+namespace bridge_internal {
+
 // One line from fd (the bridge's JSON answer), waiting at most timeout_s.
 StatusOr<std::string> ReadLine(int fd, double timeout_s, size_t max_bytes) {
   std::string line;
@@ -76,11 +90,6 @@ StatusOr<std::string> ReadLine(int fd, double timeout_s, size_t max_bytes) {
     if (line.size() > max_bytes) return Internal("an answer line longer than " + std::to_string(max_bytes) + " bytes");
   }
 }
-
-
-}  // namespace
-
-namespace bridge_internal {
 
 StatusOr<json> RunBridge(const std::string& file, std::vector<std::string> args, const BridgeOptions& opts) {
   KS_ASSIGN_OR_RETURN(std::string python, BridgeInterpreter(opts.python));
@@ -139,50 +148,9 @@ StatusOr<json> WaitingBridge::WriteFiles(const std::string& file, const json& re
   return j;
 }
 
-StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, const std::vector<std::string>& args,
-                                                     const BridgeOptions& opts,
-                                                     std::unique_ptr<WaitingBridge>* waiting) {
-  KS_ASSIGN_OR_RETURN(std::string python, BridgeInterpreter(opts.python));
-  KS_ASSIGN_OR_RETURN(std::string bridge, FindDataFile("reference/bridge.py"));
-  auto env = PythonEnv();
-  // Expandable segments are mapped memory without an IPC handle.
-  env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False";
-  char tmpl[] = "/tmp/ks-bridge-XXXXXX";
-  int fd = mkstemp(tmpl);
-  if (fd < 0) return PosixError("creating a file for the bridge's messages", errno);
-  close(fd);
-  std::string err_path = tmpl;
-  struct Unlink {
-    std::string p;
-    ~Unlink() { if (!p.empty()) unlink(p.c_str()); }
-  } unlink_err{err_path};
-  KS_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(BridgeArgv(python, bridge, args), env, err_path,
-                                                              DieWithParent));
-  auto line = ReadLine(child.stdout_fd(), opts.timeout_s, 256u << 20);
-  auto failure = [&](const std::string& why) {
-    std::string how = child.Kill();
-    auto text = ReadFile(err_path, 1u << 20);
-    return BridgeFailed(file, why + (how.empty() ? "" : ", " + how), text.ok() ? *text : "");
-  };
-  if (!line.ok()) {
-    if (line.status().code() == Code::kDeadlineExceeded)
-      return DeadlineExceeded(file + ": the reference bridge timed out after " + std::to_string(int(opts.timeout_s)) + " s");
-    return failure(line.status().message());
-  }
-  json j = json::parse(*line, nullptr, /*allow_exceptions=*/false);
-  KS_RETURN_IF_ERROR(BridgeErrorStatus(j, file, opts));
-  if (!j.is_object()) return failure("an answer that is not JSON");
-  // Not kept on the GPU: the answer is the signature; the bridge has ended or waits for the files' request.
-  if (j.contains("resident") && j["resident"].is_boolean() && !j["resident"].get<bool>()) {
-    if (waiting) {
-      unlink_err.p.clear();  // the waiting bridge removes it
-      *waiting = std::make_unique<WaitingBridge>(std::move(child), err_path);
-    }
-    return std::make_pair(ReferenceData{}, std::move(j));
-  }
-  const std::string where = file + " (resident reference)";
+StatusOr<ResidentManifest> ParseResidentManifest(const json& j, const std::string& where) {
   KS_ASSIGN_OR_RETURN(ReferenceData d, ReferenceFromManifest(j, where));
-  std::vector<std::map<std::string, ResidentTensor>> sets;
+  ResidentManifest m;
   for (const auto& s : j["sets"]) {
     ReferenceSet set;
     set.seed = s.value("seed", uint64_t{0});
@@ -211,12 +179,87 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     set.own_parameters = StringList(s, "parameters");
     KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, where));
     d.sets.push_back(std::move(set));
-    sets.push_back(std::move(tensors));
+    m.tensors.push_back(std::move(tensors));
   }
   if (d.sets.empty()) return InvalidArgument(where + ": no input sets");
   KS_RETURN_IF_ERROR(CheckTransformOrder(d, where));
-  d.resident = std::make_shared<ResidentReference>(std::move(child), std::move(sets), j.value("pci_bus_id", ""));
-  return std::make_pair(std::move(d), std::move(j));
+  m.pci_bus_id = j.value("pci_bus_id", "");
+  m.data = std::move(d);
+  return m;
+}
+
+KeptInfo KeptInfoFromManifest(const json& j) {
+  KeptInfo k;
+  const json kept = j.value("kept", json::object());
+  k.pid = j.value("pid", 0);
+  if (kept.is_object()) {
+    k.socket = kept.value("socket", "");
+    k.declined = kept.value("declined", "");
+    k.keep_s = kept.value("keep_s", 0.0);
+    k.gpu_bytes = kept.value("gpu_bytes", uint64_t{0});
+  }
+  return k;
+}
+
+StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, const std::vector<std::string>& args,
+                                                     const BridgeOptions& opts,
+                                                     std::unique_ptr<WaitingBridge>* waiting,
+                                                     const std::string& kept_log) {
+  KS_ASSIGN_OR_RETURN(std::string python, BridgeInterpreter(opts.python));
+  KS_ASSIGN_OR_RETURN(std::string bridge, FindDataFile("reference/bridge.py"));
+  auto env = PythonEnv();
+  // Expandable segments are mapped memory without an IPC handle.
+  env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False";
+  const bool keep = !kept_log.empty();
+  std::string err_path = kept_log;  // a kept bridge's log outlives this command
+  if (!keep) {
+    char tmpl[] = "/tmp/ks-bridge-XXXXXX";
+    int fd = mkstemp(tmpl);
+    if (fd < 0) return PosixError("creating a file for the bridge's messages", errno);
+    close(fd);
+    err_path = tmpl;
+  }
+  struct Unlink {
+    std::string p;
+    ~Unlink() { if (!p.empty()) unlink(p.c_str()); }
+  } unlink_err{keep ? "" : err_path};
+  KS_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(BridgeArgv(python, bridge, args), env, err_path,
+                                                              keep ? DetachFromParent : DieWithParent));
+  auto line = ReadLine(child.stdout_fd(), opts.timeout_s, 256u << 20);
+  auto failure = [&](const std::string& why) {
+    std::string how = keep ? "" : child.Kill();  // a kept bridge ends itself once its stdin closes
+    auto text = ReadFile(err_path, 1u << 20);
+    return BridgeFailed(file, why + (how.empty() ? "" : ", " + how), text.ok() ? *text : "");
+  };
+  if (!line.ok()) {
+    if (line.status().code() == Code::kDeadlineExceeded)
+      return DeadlineExceeded(file + ": the reference bridge timed out after " + std::to_string(int(opts.timeout_s)) + " s");
+    return failure(line.status().message());
+  }
+  json j = json::parse(*line, nullptr, /*allow_exceptions=*/false);
+  KS_RETURN_IF_ERROR(BridgeErrorStatus(j, file, opts));
+  if (!j.is_object()) return failure("an answer that is not JSON");
+  // Not kept on the GPU: the answer is the signature; the bridge has ended or waits for the files' request.
+  if (j.contains("resident") && j["resident"].is_boolean() && !j["resident"].get<bool>()) {
+    if (waiting) {
+      unlink_err.p.clear();  // the waiting bridge removes it
+      *waiting = std::make_unique<WaitingBridge>(std::move(child), err_path);
+    }
+    return std::make_pair(ReferenceData{}, std::move(j));
+  }
+  const std::string where = file + " (resident reference)";
+  KS_ASSIGN_OR_RETURN(ResidentManifest m, ParseResidentManifest(j, where));
+  if (keep) {
+    // The bridge is our grandchild (DetachFromParent): the child between
+    // exited at once. Our lease is its stdin.
+    for (int i = 0; i < 100 && child.running() && !child.TryReap(); ++i) usleep(10 * 1000);
+    UniqueFd lease = child.TakeStdin();
+    m.data.resident = std::make_shared<ResidentReference>(std::move(lease), KeptInfoFromManifest(j),
+                                                          std::move(m.tensors), m.pci_bus_id);
+  } else {
+    m.data.resident = std::make_shared<ResidentReference>(std::move(child), std::move(m.tensors), m.pci_bus_id);
+  }
+  return std::make_pair(std::move(m.data), std::move(j));
 }
 
 }  // namespace bridge_internal
@@ -246,6 +289,7 @@ StatusOr<std::vector<std::string>> CheckProblem(const std::string& file, const B
 // ---- Resident references ----
 
 ResidentReference::~ResidentReference() {
+  lease_.reset();  // a kept bridge: our lease ends, it waits for the next command
   if (!bridge_.running()) return;
   // Closing stdin is the bridge's signal to exit; give it a moment to free
   // its GPU memory cleanly, then make sure.
@@ -263,6 +307,9 @@ StatusOr<ResidentTensor> ResidentReference::At(int set, const std::string& name)
   return it->second;
 }
 
-bool ResidentReference::Alive() { return bridge_.running() && !bridge_.TryReap(); }
+bool ResidentReference::Alive() {
+  if (lease_.valid()) return kept_->pid > 0 && kill(kept_->pid, 0) == 0;
+  return bridge_.running() && !bridge_.TryReap();
+}
 
 }  // namespace ks

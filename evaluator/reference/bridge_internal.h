@@ -38,6 +38,10 @@ StatusOr<std::string> BridgeInterpreter(const std::string& explicit_python);
 // torch. Cached per interpreter; NotFound when that python has no torch.
 StatusOr<PythonInfo> QuickProbe(const std::string& python);
 
+// One line from fd (a bridge's JSON answer), waiting at most timeout_s; an
+// error past max_bytes.
+StatusOr<std::string> ReadLine(int fd, double timeout_s, size_t max_bytes);
+
 // Runs `bridge.py ARGS...` to its end and returns its JSON answer; the
 // bridge's {"error": ...} becomes a Status with the code its kind names.
 StatusOr<nlohmann::json> RunBridge(const std::string& file, std::vector<std::string> args, const BridgeOptions& opts);
@@ -70,10 +74,28 @@ class WaitingBridge {
 // "signature": ...}. Returns the data and the bridge's answer; in the second
 // case data without `resident`, and, with --then-files, the bridge waiting
 // for the request to write the files in *waiting.
+// `kept_log` non-empty: args ask the bridge to stay (--keep): it is started
+// detached from this process, its messages go to kept_log, and the resident
+// reference holds a lease on it (its stdin) instead of the process.
 StatusOr<std::pair<ReferenceData, nlohmann::json>> StartBridge(const std::string& file,
                                                                const std::vector<std::string>& args,
                                                                const BridgeOptions& opts,
-                                                               std::unique_ptr<WaitingBridge>* waiting);
+                                                               std::unique_ptr<WaitingBridge>* waiting,
+                                                               const std::string& kept_log = "");
+
+// A resident reference's manifest (a bridge's answer, or a kept bridge's
+// answer to a lease): the data without `resident`, each set's tensors by IPC
+// handle, and the bus id of the GPU they live on.
+struct ResidentManifest {
+  ReferenceData data;
+  std::vector<std::map<std::string, ResidentTensor>> tensors;
+  std::string pci_bus_id;
+};
+StatusOr<ResidentManifest> ParseResidentManifest(const nlohmann::json& j, const std::string& where);
+
+// A kept bridge's manifest entries ("pid", and "kept": socket, keep_s,
+// gpu_bytes, or declined).
+KeptInfo KeptInfoFromManifest(const nlohmann::json& j);
 
 // The parts of a manifest (written by the bridge) common to both kinds of
 // reference: the signature, device, timings, warnings, phases and scalars.
@@ -137,7 +159,9 @@ std::string KeyHash(const KeyFacts& k, const ReferenceOptions& opts, bool timed,
 // `cached_manifest`: a resident reference's cached manifest ("" = none): its
 // timings are used (no --time) and its signature too (--signature-from: no
 // shape inference, no FLOP count, seconds of torch imports saved).
+// `kept_socket`: with opts.keep_s, where the bridge is to stay (--keep).
 std::vector<std::string> ReferenceArgs(const std::string& file, const ReferenceOptions& opts, bool on_cuda,
-                                       uint64_t min_bytes, bool may_stay, const std::string& cached_manifest);
+                                       uint64_t min_bytes, bool may_stay, const std::string& cached_manifest,
+                                       const std::string& kept_socket = "");
 
 }  // namespace ks::bridge_internal

@@ -18,6 +18,7 @@
 
 #include "common/files.h"
 #include "evaluator/reference/bridge_internal.h"
+#include "evaluator/reference/kept_reference.h"
 #include "evaluator/problem.h"
 #include "evaluator/reference/reference_cache.h"
 
@@ -271,7 +272,8 @@ std::optional<ReferenceData> FromCache(const std::vector<fs::path>& usable,
 
 std::vector<std::string> bridge_internal::ReferenceArgs(const std::string& file, const ReferenceOptions& opts,
                                                         bool on_cuda, uint64_t min_bytes, bool may_stay,
-                                                        const std::string& cached_manifest) {
+                                                        const std::string& cached_manifest,
+                                                        const std::string& kept_socket) {
   std::vector<std::string> args = {"reference", file, "--then-files", "--sets", std::to_string(opts.sets),
                                    "--seed", std::to_string(opts.seed), "--device", on_cuda ? "cuda" : "cpu"};
   if (opts.practice_sets > 0)
@@ -295,6 +297,12 @@ std::vector<std::string> bridge_internal::ReferenceArgs(const std::string& file,
       args.push_back("--signature-from");
       args.push_back(cached_manifest);
     }
+    if (opts.keep_s > 0 && !kept_socket.empty()) {
+      // Stays after this command, for the next to lease (kept_reference.h).
+      for (const std::string& a : {std::string("--keep"), std::to_string(opts.keep_s), std::string("--keep-socket"),
+                                   kept_socket})
+        args.push_back(a);
+    }
   } else if (opts.time && on_cuda) {
     args.push_back("--time");  // timing to come: the bridge starts torch.compile's warm-up at once
   }
@@ -311,9 +319,14 @@ namespace {
 // they were there, else its fresh timings cached (only the manifest, kilobytes).
 ReferenceData FinishResident(ReferenceData d, json answer, double signature_s, const std::optional<json>& cached,
                              const EntryPlace& place, const ReferenceOptions& opts) {
-  d.phases.insert(d.phases.begin(),
-                  {"bridge process until the reference is on the GPU (phases below; sizes by shape inference)",
-                   signature_s});
+  const auto& kept = d.resident->kept();
+  if (kept && kept->leased)
+    d.phases = {{"kept reference leased (bridge pid " + std::to_string(kept->pid) + ", its tensors checked)",
+                 signature_s}};
+  else
+    d.phases.insert(d.phases.begin(),
+                    {"bridge process until the reference is on the GPU (phases below; sizes by shape inference)",
+                     signature_s});
   if (cached) {
     auto from = ReferenceFromManifest(*cached, place.timing_dir.string());
     if (from.ok()) {
@@ -415,6 +428,13 @@ StatusOr<ReferenceData> WriteEntry(const std::string& file, const ReferenceOptio
   return d;
 }
 
+// A kept reference's key kind: the GPUs this process sees are part of it (a
+// reference kept on another GPU would be copied across, not mapped).
+std::string KeptKind() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return std::string("kept resident|") + (visible ? visible : "");
+}
+
 // A resident reference's cached timings, when there are any to use.
 std::optional<json> CachedTimings(const EntryPlace& place, const ReferenceOptions& opts, bool may_stay) {
   if (!(may_stay && opts.time && !opts.refresh)) return std::nullopt;
@@ -469,11 +489,25 @@ StatusOr<ReferenceData> PrepareOneReference(const std::string& file, const Refer
   const uint64_t min_bytes = ResidentMinBytes(opts);
   const bool may_stay = key.on_cuda && min_bytes != UINT64_MAX;
   const std::optional<json> cached = CachedTimings(place, opts, may_stay);
+  std::string kept_socket;
+  if (may_stay && opts.keep_s > 0) {
+    // The reference may stay for the next command (kept_reference.h); one an
+    // earlier command kept is leased here, unless asked to compute afresh.
+    KS_ASSIGN_OR_RETURN(kept_socket, KeptSocketPath(place.cache.string(), place.stem,
+                                                    KeyHash(key, opts, opts.time, KeptKind())));
+    if (opts.refresh) {
+      (void)StopKeptReferenceAt(kept_socket);
+    } else if (auto leased = LeaseKeptReference(kept_socket, file, opts.bridge.timeout_s); leased.ok()) {
+      return adopt(FinishResident(std::move(leased->first), std::move(leased->second), Since(mark), cached, place,
+                                  opts));
+    }
+  }
   std::unique_ptr<WaitingBridge> waiting;
   const std::string cached_manifest = cached ? (place.timing_dir / "manifest.json").string() : "";
+  const std::string kept_log = kept_socket.empty() ? "" : kept_socket.substr(0, kept_socket.size() - 5) + ".log";
   KS_ASSIGN_OR_RETURN(auto made, StartBridge(file, ReferenceArgs(file, opts, key.on_cuda, min_bytes, may_stay,
-                                                                 cached_manifest),
-                                             opts.bridge, &waiting));
+                                                                 cached_manifest, kept_socket),
+                                             opts.bridge, &waiting, kept_log));
   const double signature_s = Since(mark);
   if (made.first.resident)
     return adopt(FinishResident(std::move(made.first), std::move(made.second), signature_s, cached, place, opts));

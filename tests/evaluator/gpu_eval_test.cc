@@ -10,10 +10,12 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
 #include "common/files.h"
+#include "evaluator/reference/kept_reference.h"
 #include "evaluator/profile/roofline.h"
 #include "tests/evaluator/gpu_test_util.h"
 #include "tests/evaluator/softmax_kernel.h"
@@ -288,6 +290,98 @@ TEST(GpuEvalTest, AResidentReferenceIsMappedNotWritten) {
   }
   // Evaluator and references gone: the bridge has exited and been reaped.
   EXPECT_NE(kill(bridge_pid, 0), 0);
+}
+
+// Issue 33, `--keep-reference`: a resident reference started with keep_s
+// stays after its command; the next preparation of the same problem leases it
+// (no python started), judges the same kernels the same way from the same
+// tensors, and the bridge exits once released. A refresh asks it to stop.
+TEST(GpuEvalTest, AKeptReferenceIsLeasedByTheNextCommand) {
+  KS_REQUIRE_GPU();
+  ks::testing::TempDir cache_dir("ks_kept_");
+  ReferenceOptions ro;
+  ro.sets = 2;
+  ro.device = "cuda";
+  ro.time = true;
+  ro.cache_dir = cache_dir.string();
+  ro.resident_min_bytes = 0;
+  ro.keep_s = 60;
+  auto judge = [](const ReferenceData& ref) {
+    GpuEvaluatorOptions go;
+    go.run_timeout_s = 3;
+    go.target_timed_ms = 100;
+    auto ev = GpuEvaluator::Create(ref, go);
+    EXPECT_TRUE(ev.ok()) << ev.status().ToString();
+    if (!ev.ok()) return std::make_pair(EvalStatus::kRuntimeError, EvalStatus::kRuntimeError);
+    Evaluation good = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1]"));
+    Evaluation bad = EvalOne(ev->get(), kSoftmax, SoftmaxPlan("x.shape[1] - 1"));
+    EXPECT_EQ(good.status, EvalStatus::kCorrect) << good.message;
+    return std::make_pair(good.status, bad.status);
+  };
+  pid_t kept_pid = 0;
+  {
+    auto first = PrepareReference(GpuFixture("softmax_small.py"), ro);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_NE(first->resident, nullptr);
+    ASSERT_TRUE(first->resident->kept().has_value());
+    const KeptInfo& k = *first->resident->kept();
+    EXPECT_FALSE(k.leased);
+    EXPECT_TRUE(k.declined.empty()) << k.declined;
+    EXPECT_FALSE(k.socket.empty());
+    EXPECT_GT(k.gpu_bytes, 0u);
+    kept_pid = k.pid;
+    EXPECT_EQ(first->resident->pid(), kept_pid);
+    EXPECT_EQ(judge(*first), std::make_pair(EvalStatus::kCorrect, EvalStatus::kIncorrect));
+  }
+  // The first command is over: its bridge stays.
+  ASSERT_GT(kept_pid, 0);
+  EXPECT_EQ(kill(kept_pid, 0), 0) << "the kept bridge outlives its command";
+  auto listed = ListKeptReferences(cache_dir.string());
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].pid, kept_pid);
+  EXPECT_EQ((*listed)[0].leases, 0);
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto second = PrepareReference(GpuFixture("softmax_small.py"), ro);
+    const double lease_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    ASSERT_NE(second->resident, nullptr);
+    ASSERT_TRUE(second->resident->kept().has_value());
+    EXPECT_TRUE(second->resident->kept()->leased);
+    EXPECT_EQ(second->resident->pid(), kept_pid);
+    ASSERT_TRUE(second->eager.has_value()) << "the timings come from the cache";
+    ASSERT_FALSE(second->phases.empty());
+    EXPECT_NE(second->phases[0].first.find("kept reference leased"), std::string::npos) << second->phases[0].first;
+    EXPECT_LT(lease_s, 2.0) << "no python started, nothing computed";
+    EXPECT_EQ(judge(*second), std::make_pair(EvalStatus::kCorrect, EvalStatus::kIncorrect));
+    std::printf("kept reference: leased in %.3f s from pid %d\n", lease_s, static_cast<int>(kept_pid));
+    // A third, concurrent lease while the second is open.
+    auto third = PrepareReference(GpuFixture("softmax_small.py"), ro);
+    ASSERT_TRUE(third.ok()) << third.status().ToString();
+    EXPECT_EQ(third->resident->pid(), kept_pid);
+    EXPECT_EQ((*ListKeptReferences(cache_dir.string()))[0].leases, 2);
+  }
+  // A refresh asks the kept bridge to stop and computes (and keeps) a new one.
+  ReferenceOptions refresh = ro;
+  refresh.refresh = true;
+  pid_t new_pid = 0;
+  {
+    auto fresh = PrepareReference(GpuFixture("softmax_small.py"), refresh);
+    ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+    ASSERT_TRUE(fresh->resident->kept().has_value());
+    EXPECT_FALSE(fresh->resident->kept()->leased);
+    new_pid = fresh->resident->kept()->pid;
+    EXPECT_NE(new_pid, kept_pid);
+  }
+  for (int i = 0; i < 100 && kill(kept_pid, 0) == 0; ++i) usleep(50 * 1000);
+  EXPECT_NE(kill(kept_pid, 0), 0) << "the old bridge stopped";
+  auto stopped = StopKeptReferences(cache_dir.string(), "softmax_small.py");
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->size(), 1u);
+  for (int i = 0; i < 100 && kill(new_pid, 0) == 0; ++i) usleep(50 * 1000);
+  EXPECT_NE(kill(new_pid, 0), 0) << "released: its GPU memory is free";
+  EXPECT_TRUE(ListKeptReferences(cache_dir.string())->empty());
 }
 
 // Two GPUs (issue 33): the bridge keeps the reference on its GPU; an

@@ -13,6 +13,7 @@ called, so that a missing torch is reported by bridge.py's main):
   truth           each set's float64 truth and PyTorch's per-block error from it per precision level
   checks          tolerance, degenerate and near-degenerate outputs, determinism
   resident        references kept on the GPU (CUDA IPC) and how many sets fit
+  keeper          a resident reference kept between commands (--keep-reference), leased over a Unix socket
   compile_helper  torch.compile compiled and timed in a helper process
   reference_sets  the input sets, the distribution-shifted ones, timing, the manifest
 
