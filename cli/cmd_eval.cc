@@ -43,6 +43,10 @@ struct EvalArgs {
   std::string keep_reference;  // --keep-reference DURATION ("" = $KS_KEEP_REFERENCE, else not kept)
 };
 
+// When this process started (static initialisation): --verbose's first phase
+// is the time until the reference's preparation (driver start, candidates read).
+const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_clock::now();
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -110,6 +114,8 @@ StatusOr<SearchEvaluator> MakeGpuEvaluators(const EvalArgs& a, const std::string
   if (a.verbose) {
     // What the first evaluation of a problem spends its time on, for finding what dominates.
     std::fprintf(stderr, "phases (wall seconds)%s:\n", ref.from_cache ? ", reference from the cache" : "");
+    std::fprintf(stderr, "  %-52s %8.3f\n", "process start to the evaluators' setup (all below it)",
+                 SecondsSince(kProcessStart) - ref.setup_s);
     for (const auto& [name, s] : ref.phases) std::fprintf(stderr, "  %-52s %8.3f\n", name.c_str(), s);
     std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator setup (upload, helpers, bandwidth, worker)", ref.setup_s);
     for (const auto& [name, s] : ref.setup_phases) std::fprintf(stderr, "    %-50s %8.3f\n", name.c_str(), s);
@@ -325,6 +331,13 @@ int Run(const EvalArgs& a) {
     }
   }
   if (!a.json) std::printf("\nworker restarts: %d\n", WorkerRestarts(*ev));
+  if (a.verbose) {
+    std::fflush(stdout);
+    const auto teardown = std::chrono::steady_clock::now();
+    ev->practice.reset();
+    ev->evaluator.reset();  // the worker stopped, the arena freed, the reference unmapped (a lease ended)
+    std::fprintf(stderr, "  %-52s %8.3f\n", "evaluator teardown", SecondsSince(teardown));
+  }
   return all_correct ? kExitOk : kExitFailed;
 }
 

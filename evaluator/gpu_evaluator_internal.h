@@ -340,6 +340,15 @@ inline bool MedianStable(std::vector<double> ms, double rel, double abs_ms) {
 inline int MinTimedRuns(double estimate_ms, int min_runs, int min_runs_long, double long_ms) {
   return estimate_ms >= long_ms ? std::min(min_runs, min_runs_long) : min_runs;
 }
+// Adaptive timing's warm-up (GpuEvaluator::WarmUpPhase): at least 3 runs and
+// warmup_ms of run time, counting the judging sets' correctness runs just made
+// on this GPU (done_ms), and never fewer than one warm-up run; at most 1000.
+inline int WarmUpRuns(const std::vector<double>& done_ms, double estimate_ms, double warmup_ms) {
+  double done = 0;
+  for (double ms : done_ms) done += ms;
+  const double at_least = std::max(1.0, 3.0 - static_cast<double>(done_ms.size()));
+  return static_cast<int>(std::clamp(std::ceil((warmup_ms - done) / estimate_ms), at_least, 1000.0));
+}
 inline bool TimingStable(const std::vector<double>& on_stream, const std::vector<double>& device_wide, int min_runs,
                          double rel, double abs_ms) {
   return static_cast<int>(on_stream.size()) >= min_runs && MedianStable(on_stream, rel, abs_ms) &&

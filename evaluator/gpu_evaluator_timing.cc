@@ -23,10 +23,14 @@ using namespace gpu_internal;  // NOLINT: the evaluator's own internals
 
 // Phase 4: warm-up, as timing.py: at least 3 runs and warmup_ms of run time,
 // at most 1000 runs. Sets the estimate of one run the timed runs are counted by.
+// Adaptive timing counts the judging sets' correctness runs, just made on this
+// GPU, toward those 3 runs and warmup_ms (WarmUpRuns); at least one warm-up run
+// is always made, on the timing set. Fewer warm-up runs can leave a candidate
+// colder, never faster than it is.
 std::optional<Evaluation> GpuEvaluator::WarmUpPhase(Judgement& j) {
   j.estimate_ms = std::max(Summarize(j.first_ms).median_ms, 1e-3);
   if (opts_.timing == TimingMode::kAdaptive) {
-    int runs = static_cast<int>(std::clamp(std::ceil(opts_.warmup_ms / j.estimate_ms), 3.0, 1000.0));
+    const int runs = WarmUpRuns(j.first_ms, j.estimate_ms, opts_.warmup_ms);
     RunResult r = WarmUp(runs, j.timing_set, j.estimate_ms);
     j.KeepWorst(r.errors);
     if (r.status != EvalStatus::kCorrect)

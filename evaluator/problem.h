@@ -302,6 +302,11 @@ struct ReferenceData {
 // ~/.cache/kernelsearch/reference.
 std::string DefaultReferenceCacheDir();
 
+// Finds the bridge's interpreter and its torch version (probe.py --quick, no
+// torch import), as PrepareReference will on a GPU; the answers are kept for
+// this process, so a caller may run this while it does other work first.
+void WarmReferenceProbe(const BridgeOptions& opts);
+
 // The reference for (problem bytes, sets, seed, device, the bridge's bytes (bridge.py,
 // ks_bridge/, timing.py, transforms.py), torch
 // version): reused from the cache when a complete entry exists, otherwise

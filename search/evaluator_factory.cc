@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
@@ -127,14 +128,22 @@ StatusOr<SearchEvaluator> MakeScriptedEvaluator(const std::string& problem_file,
 // reference serves every GPU, so the smallest free memory counts.
 StatusOr<ReferenceData> PrepareGpuReference(const std::string& problem_file, const EvaluatorOptions& options,
                                             const std::vector<int>& devices) {
+  const auto started = std::chrono::steady_clock::now();
   ReferenceOptions ro = ReferenceOptionsFor(options);
+  // The bridge's interpreter is probed (python starts, no torch import) while
+  // this process reads the GPUs' free memory: two waits at once.
+  auto probed = std::async(std::launch::async, [&ro] { WarmReferenceProbe(ro.bridge); });
   for (int d : devices) {
     if (auto free_mem = FreeDeviceMemory(d); free_mem.ok()) {
       uint64_t budget = *free_mem / 10 * 9;
       if (ro.device_budget == 0 || budget < ro.device_budget) ro.device_budget = budget;
     }
   }
-  return PrepareReference(problem_file, ro);
+  probed.wait();
+  const double budget_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  KS_ASSIGN_OR_RETURN(ReferenceData d, PrepareReference(problem_file, ro));
+  d.phases.insert(d.phases.begin(), {"GPUs' free memory, the interpreter probed meanwhile", budget_s});
+  return d;
 }
 
 StatusOr<SearchEvaluator> MakeGpuEvaluators(const std::string& problem_file, const EvaluatorOptions& options) {

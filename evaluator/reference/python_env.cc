@@ -194,6 +194,11 @@ StatusOr<PythonInfo> QuickProbe(const std::string& python) {
 
 }  // namespace bridge_internal
 
+void WarmReferenceProbe(const BridgeOptions& opts) {
+  if (auto python = bridge_internal::BridgeInterpreter(opts.python); python.ok())
+    (void)bridge_internal::QuickProbe(*python);
+}
+
 // ---- Data files ----
 
 StatusOr<std::string> FindDataFile(const std::string& relative) {

@@ -110,5 +110,19 @@ TEST(EvaluationJson, StopReasonAndPhasesRoundTrip) {
   EXPECT_TRUE(old->run_parts.empty());
 }
 
+
+// Issue 33: the correctness runs just made count toward the warm-up (3 runs
+// and 25 ms in all), with at least one warm-up run on the timing set.
+TEST(TimingStopRule, TheCorrectnessRunsCountTowardTheWarmUp) {
+  using gpu_internal::WarmUpRuns;
+  EXPECT_EQ(WarmUpRuns({9.0, 9.0}, 9.0, 25), 1) << "two 9 ms runs made: one more warms the timing set";
+  EXPECT_EQ(WarmUpRuns({30.0}, 30.0, 25), 2) << "three runs in all";
+  EXPECT_EQ(WarmUpRuns({30.0, 30.0, 30.0}, 30.0, 25), 1) << "never none";
+  EXPECT_EQ(WarmUpRuns({0.02, 0.02}, 0.02, 25), 1000) << "short runs: the cap, as before";
+  EXPECT_EQ(WarmUpRuns({1.0, 1.0}, 1.0, 25), 23);
+  EXPECT_EQ(WarmUpRuns({}, 9.0, 25), 3) << "no correctness runs counted: timing.py's rule";
+  EXPECT_EQ(WarmUpRuns({}, 5.0, 25), 5);
+}
+
 }  // namespace
 }  // namespace ks
