@@ -4,7 +4,9 @@
 # `--gpus 0` and then `--gpus 0,1`, each at N candidates, `--verbose` so that
 # every command's setup phases land in its .err file. Writes $OUT/two_gpus.tar.gz
 # and prints the summaries.
-#   OUT=DIR KS_COMMIT=... bash bench/two_gpus_device.sh KB_DIR [N...]
+# KEEP=10m: every command with --keep-reference 10m (the first keeps the
+# reference, every batch leases it).
+#   OUT=DIR KS_COMMIT=... [KEEP=10m] bash bench/two_gpus_device.sh KB_DIR [N...]
 set -uo pipefail
 KB=$1; shift
 sizes=${*:-60}
@@ -16,7 +18,7 @@ work=$(mktemp -d)
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > "$work/device.txt"
 for n in $sizes; do
   for g in 0 0,1; do
-    KS=dist/bin/kernelsearch OUT=$work TAG="softmax_n${n}_gpus_${g/,/_}" EXTRA="--gpus $g --verbose" \
+    KS=dist/bin/kernelsearch OUT=$work TAG="softmax_n${n}_gpus_${g/,/_}" EXTRA="--gpus $g --verbose${KEEP:+ --keep-reference $KEEP}" \
       bash bench/real_size_batch.sh "$KB/level1/24_LogSoftmax.py" \
       bench/kernelbench_scale/kernels/24_LogSoftmax.cu "$n" 2>>"$work/two_gpus.log" | grep -E "^- (batch|per candidate, phases)"
     # The setup phases of the batch command (its --verbose lines).
