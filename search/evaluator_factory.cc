@@ -7,6 +7,7 @@
 #include "evaluator/cuda_driver.h"
 #include "evaluator/gpu_evaluator.h"
 #include "evaluator/problem.h"
+#include "evaluator/reference/kept_reference.h"
 #include "search/evaluator_pool.h"
 #include "search/scripted_evaluator.h"
 
@@ -153,7 +154,11 @@ StatusOr<SearchEvaluator> MakeGpuEvaluators(const std::string& problem_file, con
     return FailedPrecondition("evaluating " + problem_file + " needs a GPU (" + why +
                               "); use --generate-only here and `kernelsearch evaluate-pending` on a GPU node");
   KS_ASSIGN_OR_RETURN(std::vector<int> devices, ResolveGpus(options));
-  KS_ASSIGN_OR_RETURN(ReferenceData ref, PrepareGpuReference(problem_file, options, devices));
+  // Short of GPU memory: a reference kept by an earlier command may be why.
+  const std::string cache_dir = options.cache_dir.empty() ? DefaultReferenceCacheDir() : options.cache_dir;
+  auto prepared = PrepareGpuReference(problem_file, options, devices);
+  if (!prepared.ok()) return WithKeptMemoryHint(prepared.status(), cache_dir);
+  ReferenceData ref = std::move(prepared).value();
   SearchEvaluator made;
   made.degenerate = ref.degenerate;
   made.reference = {.from_cache = ref.from_cache,
@@ -169,8 +174,9 @@ StatusOr<SearchEvaluator> MakeGpuEvaluators(const std::string& problem_file, con
   // The prompts describe the first GPU (the GPUs of one host are alike), and
   // the agent practises on it (between the pool's batches).
   auto make_one = [&](size_t i) -> StatusOr<std::unique_ptr<GpuEvaluator>> {
-    KS_ASSIGN_OR_RETURN(std::unique_ptr<GpuEvaluator> ev,
-                        GpuEvaluator::Create(ref, GpuEvaluatorOptionsFor(options, devices[i], devices.size())));
+    auto created = GpuEvaluator::Create(ref, GpuEvaluatorOptionsFor(options, devices[i], devices.size()));
+    if (!created.ok()) return WithKeptMemoryHint(created.status(), cache_dir);
+    std::unique_ptr<GpuEvaluator> ev = std::move(created).value();
     made.gpu_evaluators[i] = ev.get();
     if (i == 0 && options.describe_device) {
       // Peaks are measured once per GPU and cached; a failure only leaves them unknown in prompts.

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -210,6 +211,28 @@ StatusOr<std::vector<KeptStatus>> StopKeptReferences(const std::string& cache_di
     out.push_back(std::move(s));
   }
   return out;
+}
+
+Status WithKeptMemoryHint(const Status& s, const std::string& cache_dir) {
+  if (s.ok()) return s;
+  std::string lower = s.message();
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool memory = s.code() == Code::kResourceExhausted || lower.find("out of memory") != std::string::npos ||
+                      lower.find("out_of_memory") != std::string::npos;
+  if (!memory) return s;
+  auto kept = ListKeptReferences(cache_dir);
+  if (!kept.ok() || kept->empty()) return s;
+  uint64_t bytes = 0;
+  std::string which;
+  for (const auto& k : *kept) {
+    bytes += k.gpu_bytes;
+    which += (which.empty() ? "" : ", ") + std::string("pid ") + std::to_string(k.pid) + ": " + k.problem;
+  }
+  char held[32];
+  std::snprintf(held, sizeof held, "%.1f GiB", bytes / double(1ull << 30));
+  return Status(s.code(), s.message() + "\n" + std::to_string(kept->size()) + " reference(s) kept on a GPU by " +
+                              "--keep-reference hold " + held + " (" + which + "); `kernelsearch cache release " +
+                              "--cache-dir " + cache_dir + "` frees them");
 }
 
 Status bridge_internal::StopKeptReferenceAt(const std::string& socket) {

@@ -71,6 +71,11 @@ StatusOr<std::vector<KeptStatus>> ListKeptReferences(const std::string& cache_di
 // leases end; new leases are refused at once. Returns those asked.
 StatusOr<std::vector<KeptStatus>> StopKeptReferences(const std::string& cache_dir, const std::string& problem);
 
+// `s`, a failure for GPU memory (ResourceExhausted, or "out of memory" in its
+// message), with what the references kept on a GPU under cache_dir hold and
+// how to free them; any other status, or none kept, as it is.
+Status WithKeptMemoryHint(const Status& s, const std::string& cache_dir);
+
 namespace bridge_internal {
 
 // Leases the kept reference at `socket`: its manifest, parsed as a resident

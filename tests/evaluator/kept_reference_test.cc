@@ -205,6 +205,27 @@ TEST_F(KeptReferenceTest, AnIdleKeptBridgeExitsAfterItsKeepTime) {
   EXPECT_FALSE(fs::exists(socket_));
 }
 
+TEST_F(KeptReferenceTest, AnOutOfMemoryErrorNamesTheKeptReferences) {
+  const std::string dir = tmp_.path().string();
+  const Status oom = Internal("big.py: reference bridge failed: OutOfMemoryError: CUDA out of memory.");
+  EXPECT_EQ(WithKeptMemoryHint(oom, dir).message(), oom.message()) << "none kept: as it is";
+  FakeKeeper keeper(tmp_.path(), TinyManifest(), socket_);
+  ASSERT_TRUE(keeper.ready());
+  const Status hinted = WithKeptMemoryHint(oom, dir);
+  EXPECT_EQ(hinted.code(), Code::kInternal);
+  EXPECT_NE(hinted.message().find("1 reference(s) kept on a GPU by --keep-reference hold 0.0 GiB (pid " +
+                                  std::to_string(keeper.pid()) + ": /somewhere/tiny.py); `kernelsearch cache release "
+                                  "--cache-dir " + dir + "` frees them"),
+            std::string::npos)
+      << hinted.message();
+  const Status short_sets = ResourceExhausted("p.py: 2 set(s) need 78.0 GiB of GPU memory");
+  EXPECT_NE(WithKeptMemoryHint(short_sets, dir).message().find("kept on a GPU"), std::string::npos);
+  const Status other = InvalidArgument("p.py: line 3: syntax error");
+  EXPECT_EQ(WithKeptMemoryHint(other, dir).message(), other.message()) << "not about memory: as it is";
+  ASSERT_TRUE(bridge_internal::StopKeptReferenceAt(socket_).ok());
+  EXPECT_TRUE(keeper.Exits(5));
+}
+
 TEST(KeptReferenceArgs, TheBridgeIsToldToStayOnlyWhenItMayStayAndKeepIsAsked) {
   ReferenceOptions o;
   o.keep_s = 600;
