@@ -154,6 +154,14 @@ void ReadSetJudging(const json& s, ReferenceSet* set) {
                                     e.value("ill_conditioned", int64_t{0})};
 }
 
+Status ReadSetFacts(const json& s, const Signature& sig, const std::string& where, ReferenceSet* set) {
+  ReadSetJudging(s, set);
+  set->transform = s.value("transform", "");
+  set->practice = s.value("practice", false);
+  set->own_parameters = StringList(s, "parameters");
+  return CheckOwnParameters(sig, *set, where);
+}
+
 Status CheckTransformOrder(const ReferenceData& d, const std::string& where) {
   bool shifted = false;
   for (const auto& s : d.sets) {
@@ -196,11 +204,7 @@ StatusOr<ReferenceData> LoadReferenceDir(const std::string& dir_in) {
       if (name.find('@') == std::string::npos) tensors[name] = p.string();
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, manifest_path));
-    ReadSetJudging(s, &set);
-    set.transform = s.value("transform", "");
-    set.practice = s.value("practice", false);
-    set.own_parameters = StringList(s, "parameters");
-    KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, manifest_path));
+    KS_RETURN_IF_ERROR(ReadSetFacts(s, d.signature, manifest_path, &set));
     d.sets.push_back(std::move(set));
   }
   if (d.sets.empty()) return InvalidArgument(manifest_path + ": no input sets");

@@ -173,11 +173,7 @@ StatusOr<ResidentManifest> ParseResidentManifest(const json& j, const std::strin
     }
     KS_RETURN_IF_ERROR(CheckSetComplete(d.signature, tensors, set.seed, where));
     tensors.merge(bounds);
-    ReadSetJudging(s, &set);
-    set.transform = s.value("transform", "");
-    set.practice = s.value("practice", false);
-    set.own_parameters = StringList(s, "parameters");
-    KS_RETURN_IF_ERROR(CheckOwnParameters(d.signature, set, where));
+    KS_RETURN_IF_ERROR(ReadSetFacts(s, d.signature, where, &set));
     d.sets.push_back(std::move(set));
     m.tensors.push_back(std::move(tensors));
   }

@@ -118,6 +118,10 @@ StatusOr<std::pair<const TensorSpec*, int64_t>> SetTensorKey(const Signature& si
 // The float64 truth of a set and PyTorch's own error there (issue 36), from
 // the manifest's set entry: truth, truth_note, pytorch_error.
 void ReadSetJudging(const nlohmann::json& s, ReferenceSet* set);
+// What every manifest's set entry says beyond its tensors (files or IPC
+// handles): ReadSetJudging's, its transform, whether it is a practice set and
+// its own parameters (checked against the signature).
+Status ReadSetFacts(const nlohmann::json& s, const Signature& sig, const std::string& where, ReferenceSet* set);
 
 // Every tensor of the signature must be present in a set, or a consumer would
 // fail later, far from the cause.
