@@ -61,15 +61,6 @@ Status BridgeFailed(const std::string& file, const std::string& why, const std::
 // temporary directory nobody will rename, or hold GPU memory: it dies with its parent.
 int DieWithParent() { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 ? 0 : 126; }
 
-// A kept bridge outlives its caller (ks_bridge/keeper.py ends it): it runs as
-// the caller's grandchild in a session of its own, so that no signal to the
-// caller's process group reaches it and nobody need reap it. Async-signal-safe.
-int DetachFromParent() {
-  pid_t p = fork();
-  if (p < 0) return 126;
-  if (p > 0) _exit(0);
-  return setsid() < 0 ? 126 : 0;
-}
 
 }  // namespace
 
@@ -219,11 +210,13 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     std::string p;
     ~Unlink() { if (!p.empty()) unlink(p.c_str()); }
   } unlink_err{keep ? "" : err_path};
+  // A bridge asked to stay dies with this process too until it really stays
+  // (bridge.py clears its death signal once it serves: ks_bridge/keeper.py).
   KS_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(BridgeArgv(python, bridge, args), env, err_path,
-                                                              keep ? DetachFromParent : DieWithParent));
+                                                              DieWithParent));
   auto line = ReadLine(child.stdout_fd(), opts.timeout_s, 256u << 20);
   auto failure = [&](const std::string& why) {
-    std::string how = keep ? "" : child.Kill();  // a kept bridge ends itself once its stdin closes
+    std::string how = child.Kill();
     auto text = ReadFile(err_path, 1u << 20);
     return BridgeFailed(file, why + (how.empty() ? "" : ", " + how), text.ok() ? *text : "");
   };
@@ -245,15 +238,16 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
   }
   const std::string where = file + " (resident reference)";
   KS_ASSIGN_OR_RETURN(ResidentManifest m, ParseResidentManifest(j, where));
-  if (keep) {
-    // The bridge is our grandchild (DetachFromParent): the child between
-    // exited at once. Our lease is its stdin.
-    for (int i = 0; i < 100 && child.running() && !child.TryReap(); ++i) usleep(10 * 1000);
+  KeptInfo kept = KeptInfoFromManifest(j);
+  if (keep && !kept.socket.empty()) {
+    // It stays: our lease is its stdin, and the bridge is no longer ours to end.
     UniqueFd lease = child.TakeStdin();
-    m.data.resident = std::make_shared<ResidentReference>(std::move(lease), KeptInfoFromManifest(j),
-                                                          std::move(m.tensors), m.pci_bus_id);
+    kept.pid = child.Release();
+    m.data.resident = std::make_shared<ResidentReference>(std::move(lease), std::move(kept), std::move(m.tensors),
+                                                          m.pci_bus_id);
   } else {
     m.data.resident = std::make_shared<ResidentReference>(std::move(child), std::move(m.tensors), m.pci_bus_id);
+    if (keep) m.data.resident->SetKept(std::move(kept));  // why it does not stay
   }
   return std::make_pair(std::move(m.data), std::move(j));
 }
@@ -304,7 +298,7 @@ StatusOr<ResidentTensor> ResidentReference::At(int set, const std::string& name)
 }
 
 bool ResidentReference::Alive() {
-  if (lease_.valid()) return kept_->pid > 0 && kill(kept_->pid, 0) == 0;
+  if (lease_.valid()) return kept_->pid > 0 && kill(kept_->pid, 0) == 0;  // ours or not, reaped when it ends
   return bridge_.running() && !bridge_.TryReap();
 }
 
