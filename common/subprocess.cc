@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 #include "common/files.h"
 
@@ -249,18 +248,6 @@ std::string ChildProcess::Kill() {
   in_.reset();
   out_.reset();
   return DescribeWait(st);
-}
-
-pid_t ChildProcess::Release() {
-  in_.reset();
-  out_.reset();
-  const pid_t pid = std::exchange(pid_, -1);
-  if (pid > 0)
-    std::thread([pid] {
-      int st = 0;
-      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    }).detach();
-  return pid;
 }
 
 std::optional<std::string> ChildProcess::TryReap() {

@@ -10,7 +10,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -73,11 +72,6 @@ class ChildProcess {
   // Our end of the child's stdin, handed over: whoever holds it decides when
   // the child reads EOF (a kept bridge's first lease).
   UniqueFd TakeStdin() { return std::move(in_); }
-  // Lets the child go on alone (a kept bridge, which ends itself): not
-  // killed; a detached thread reaps it whenever it ends, so that a
-  // long-lived process collects no zombie. Our pipe ends are closed; returns
-  // its pid.
-  pid_t Release();
 
   // SIGKILL and reap. Returns the wait status description.
   std::string Kill();

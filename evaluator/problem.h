@@ -176,8 +176,6 @@ class ResidentReference {
   const std::string& pci_bus_id() const { return pci_bus_id_; }
   // Set for a bridge started with keep_s (pid, socket or why it declined).
   const std::optional<KeptInfo>& kept() const { return kept_; }
-  // A bridge of ours asked to stay that did not (KeptInfo::declined says why).
-  void SetKept(KeptInfo kept) { kept_ = std::move(kept); }
 
  private:
   ChildProcess bridge_;

@@ -239,20 +239,6 @@ def cmd_reference(problem, args):
 _KEEPER = [None]  # reference --resident --keep: the kept reference's serving loop (ks_bridge/keeper.py)
 
 
-def _outlive_caller():
-    """A kept bridge stays after its caller: the death signal its caller set
-    (PR_SET_PDEATHSIG, so that a bridge dies with a killed command) is
-    cleared once it serves, and a hang-up does not end it (keeper.py's idle
-    time and `cache release` do)."""
-    import ctypes
-    import signal
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG, 0
-    except (OSError, AttributeError):
-        pass
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 def _start_keeping(problem, args):
     """--keep S --keep-socket PATH: after this command the reference stays on
     the GPU for later commands (ks_bridge/keeper.py). Returns the manifest's
@@ -267,7 +253,6 @@ def _start_keeping(problem, args):
     listener, why = claim(args.keep_socket)
     if listener is None:
         return {"declined": why}
-    _outlive_caller()
     tensors = _RESIDENT.tensors
 
     def fingerprint():

@@ -61,6 +61,15 @@ Status BridgeFailed(const std::string& file, const std::string& why, const std::
 // temporary directory nobody will rename, or hold GPU memory: it dies with its parent.
 int DieWithParent() { return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 ? 0 : 126; }
 
+// A kept bridge outlives its caller (ks_bridge/keeper.py ends it): it runs as
+// the caller's grandchild in a session of its own, so that no signal to the
+// caller's process group reaches it and nobody need reap it. Async-signal-safe.
+int DetachFromParent() {
+  pid_t p = fork();
+  if (p < 0) return 126;
+  if (p > 0) _exit(0);
+  return setsid() < 0 ? 126 : 0;
+}
 
 }  // namespace
 
@@ -210,13 +219,11 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
     std::string p;
     ~Unlink() { if (!p.empty()) unlink(p.c_str()); }
   } unlink_err{keep ? "" : err_path};
-  // A bridge asked to stay dies with this process too until it really stays
-  // (bridge.py clears its death signal once it serves: ks_bridge/keeper.py).
   KS_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(BridgeArgv(python, bridge, args), env, err_path,
-                                                              DieWithParent));
+                                                              keep ? DetachFromParent : DieWithParent));
   auto line = ReadLine(child.stdout_fd(), opts.timeout_s, 256u << 20);
   auto failure = [&](const std::string& why) {
-    std::string how = child.Kill();
+    std::string how = keep ? "" : child.Kill();  // a kept bridge ends itself once its stdin closes
     auto text = ReadFile(err_path, 1u << 20);
     return BridgeFailed(file, why + (how.empty() ? "" : ", " + how), text.ok() ? *text : "");
   };
@@ -238,16 +245,15 @@ StatusOr<std::pair<ReferenceData, json>> StartBridge(const std::string& file, co
   }
   const std::string where = file + " (resident reference)";
   KS_ASSIGN_OR_RETURN(ResidentManifest m, ParseResidentManifest(j, where));
-  KeptInfo kept = KeptInfoFromManifest(j);
-  if (keep && !kept.socket.empty()) {
-    // It stays: our lease is its stdin, and the bridge is no longer ours to end.
+  if (keep) {
+    // The bridge is our grandchild (DetachFromParent): the child between
+    // exited at once. Our lease is its stdin.
+    for (int i = 0; i < 100 && child.running() && !child.TryReap(); ++i) usleep(10 * 1000);
     UniqueFd lease = child.TakeStdin();
-    kept.pid = child.Release();
-    m.data.resident = std::make_shared<ResidentReference>(std::move(lease), std::move(kept), std::move(m.tensors),
-                                                          m.pci_bus_id);
+    m.data.resident = std::make_shared<ResidentReference>(std::move(lease), KeptInfoFromManifest(j),
+                                                          std::move(m.tensors), m.pci_bus_id);
   } else {
     m.data.resident = std::make_shared<ResidentReference>(std::move(child), std::move(m.tensors), m.pci_bus_id);
-    if (keep) m.data.resident->SetKept(std::move(kept));  // why it does not stay
   }
   return std::make_pair(std::move(m.data), std::move(j));
 }
@@ -298,7 +304,7 @@ StatusOr<ResidentTensor> ResidentReference::At(int set, const std::string& name)
 }
 
 bool ResidentReference::Alive() {
-  if (lease_.valid()) return kept_->pid > 0 && kill(kept_->pid, 0) == 0;  // ours or not, reaped when it ends
+  if (lease_.valid()) return kept_->pid > 0 && kill(kept_->pid, 0) == 0;
   return bridge_.running() && !bridge_.TryReap();
 }
 
