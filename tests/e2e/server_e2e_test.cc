@@ -446,7 +446,11 @@ TEST(ServerE2E, AFinishedSearchContinuesWithMoreRounds) {
   std::vector<int> started_rounds;
   for (const auto& e : second.events)
     if (e.has_round_started()) started_rounds.push_back(e.round_started().round());
-  EXPECT_EQ(started_rounds, std::vector<int>{2});
+  // Round 2 and no other. The watch may begin after round 2 has started (on a
+  // loaded machine; CI saw it): its snapshot then stands for that round, and
+  // rounds_done above says that exactly one more round ran.
+  EXPECT_LE(started_rounds.size(), 1u);
+  for (int r : started_rounds) EXPECT_EQ(r, 2);
   EXPECT_GT(h.LlmCallsStarted(), calls_before);
   // No model call made twice: one stored call per slot; nothing evaluated twice.
   auto store = store::LineageStore::Open(h.db());
