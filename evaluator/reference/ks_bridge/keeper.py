@@ -91,7 +91,7 @@ class Keeper:
         self.listener = listener
         self.path = path
         self.keep_s = float(keep_s)
-        self.manifest_line, self.problem = b"", ""
+        self.manifest_line, self.problem, self.pci_bus_id = b"", "", ""
         if manifest is not None:
             self.answer_with(manifest)
         self.fingerprint = fingerprint
@@ -114,6 +114,7 @@ class Keeper:
         """The manifest a lease gets (the first command's answer)."""
         self.manifest_line = (json.dumps(manifest, allow_nan=False) + "\n").encode()
         self.problem = manifest.get("problem", "")
+        self.pci_bus_id = manifest.get("pci_bus_id", "")
 
     # ---- the loop ----
 
@@ -250,14 +251,8 @@ class Keeper:
         return {"problem": self.problem, "pid": os.getpid(), "socket": self.path, "keep_s": self.keep_s,
                 "leases": self.leases, "leases_served": self.served, "idle_s": round(idle, 3),
                 "expires_in_s": None if self.leases else round(max(0.0, self.keep_s - idle), 3),
-                "gpu_bytes": self.gpu_bytes(), "pci_bus_id": self.manifest_pci(), "started_unix": self.started,
+                "gpu_bytes": self.gpu_bytes(), "pci_bus_id": self.pci_bus_id, "started_unix": self.started,
                 "stopping": self.stopping}
-
-    def manifest_pci(self):
-        try:
-            return json.loads(self.manifest_line).get("pci_bus_id", "")
-        except ValueError:
-            return ""
 
     def _unlink(self):
         """Removes the socket's path if it is still this listener's."""
